@@ -1,0 +1,239 @@
+"""ShapesDiT: the tiny text-conditioned flow model of the shapes world.
+
+A diffusion transformer over 32x32 RGB pixels that predicts the flow-matching
+velocity ``v = eps - x0`` of ``x_t = (1 - t) x0 + t eps``.
+
+Conditioning, designed so that binding, counts and positions are learnable:
+  - the prompt goes through a small transformer text encoder (word
+    embeddings + learned positions), so each word token knows its neighbours
+    ("red" binds to the next shape word, "left of" to its objects);
+  - every block cross-attends from image patches to these word tokens, so a
+    patch can ask "which object belongs here";
+  - the pooled text vector plus the time embedding drive adaLN-zero
+    modulation of every block (global facts such as the count);
+  - image patches carry learned 2-D position embeddings, so "left" and
+    "above" have a place to bind to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from flowrl.shapes.tokenizer import ShapesTokenizer
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class ShapesDiTConfig:
+    """Architecture of a :class:`ShapesDiT`; saved beside its weights as ``config.json``."""
+
+    vocabulary: list[str] = field(default_factory=list)
+    image_size: int = 32
+    channels: int = 3
+    patch_size: int = 2
+    hidden_size: int = 192
+    depth: int = 6
+    num_heads: int = 6
+    mlp_ratio: float = 4.0
+    text_hidden_size: int = 128
+    text_layers: int = 2
+    text_heads: int = 4
+    max_prompt_tokens: int = 16
+
+
+def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of ``1000 t`` (diffusers' timestep scale), ``[B, dim]``."""
+    half = dim // 2
+    frequencies = torch.exp(
+        -math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half
+    )
+    angles = 1000.0 * t.float()[:, None] * frequencies[None]
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+class TextEncoder(nn.Module):
+    """Word embeddings + learned positions + a pre-norm transformer encoder.
+
+    Returns per-token features ``[B, L, D]`` and a pooled vector ``[B, D]``
+    (the mean over real tokens).
+    """
+
+    def __init__(self, vocab_size: int, config: ShapesDiTConfig) -> None:
+        super().__init__()
+        width = config.text_hidden_size
+        self.token_embedding = nn.Embedding(vocab_size, width)
+        self.position_embedding = nn.Parameter(torch.zeros(1, config.max_prompt_tokens, width))
+        layer = nn.TransformerEncoderLayer(
+            width, config.text_heads, 2 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, config.text_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        nn.init.normal_(self.position_embedding, std=0.02)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.token_embedding(ids) + self.position_embedding[:, : ids.shape[1]]
+        tokens = self.norm(self.encoder(tokens, src_key_padding_mask=~mask))
+        weights = mask.float()[..., None]
+        pooled = (tokens * weights).sum(1) / weights.sum(1)
+        return tokens, pooled
+
+
+class DiTBlock(nn.Module):
+    """adaLN-zero block: self-attention, cross-attention to text tokens, MLP."""
+
+    def __init__(self, hidden: int, heads: int, mlp_ratio: float, text_hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm_self = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.self_out = nn.Linear(hidden, hidden)
+        self.norm_cross = nn.LayerNorm(hidden, eps=1e-6)
+        self.cross_q = nn.Linear(hidden, hidden)
+        self.cross_kv = nn.Linear(text_hidden, 2 * hidden)
+        self.cross_out = nn.Linear(hidden, hidden)
+        self.norm_mlp = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
+        inner = int(hidden * mlp_ratio)
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, inner), nn.GELU(approximate="tanh"), nn.Linear(inner, hidden)
+        )
+        self.modulation = nn.Linear(hidden, 6 * hidden)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
+        nn.init.zeros_(self.cross_out.weight)
+        nn.init.zeros_(self.cross_out.bias)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, width = x.shape
+        return x.transpose(1, 2).reshape(batch, length, heads * width)
+
+    def forward(
+        self, x: torch.Tensor, condition: torch.Tensor, text: torch.Tensor, text_mask: torch.Tensor
+    ) -> torch.Tensor:
+        shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = self.modulation(condition).chunk(
+            6, -1
+        )
+        q, k, v = self.qkv(_modulate(self.norm_self(x), shift_attn, scale_attn)).chunk(3, -1)
+        attended = F.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v))
+        x = x + gate_attn[:, None] * self.self_out(self._merge(attended))
+        key, value = self.cross_kv(text).chunk(2, -1)
+        attended = F.scaled_dot_product_attention(
+            self._heads(self.cross_q(self.norm_cross(x))),
+            self._heads(key),
+            self._heads(value),
+            attn_mask=text_mask[:, None, None, :],
+        )
+        x = x + self.cross_out(self._merge(attended))
+        return x + gate_mlp[:, None] * self.mlp(_modulate(self.norm_mlp(x), shift_mlp, scale_mlp))
+
+
+class ShapesDiT(nn.Module):
+    """Text-conditioned DiT velocity model: ``forward(x_t, t, ids, mask) -> v``, x in ``[B, 3, H, W]``."""
+
+    def __init__(self, config: ShapesDiTConfig) -> None:
+        super().__init__()
+        if not config.vocabulary:
+            raise ValueError(
+                "ShapesDiTConfig.vocabulary is empty; build it from flowrl.shapes.grammar.vocabulary()"
+            )
+        if config.image_size % config.patch_size:
+            raise ValueError(
+                f"image_size {config.image_size} is not a multiple of patch_size {config.patch_size}"
+            )
+        self.config = config
+        self.tokenizer = ShapesTokenizer(config.vocabulary, config.max_prompt_tokens)
+        hidden, patch = config.hidden_size, config.patch_size
+        grid = config.image_size // patch
+        self.text_encoder = TextEncoder(self.tokenizer.size, config)
+        self.patch_embed = nn.Linear(config.channels * patch * patch, hidden)
+        self.position_embedding = nn.Parameter(torch.zeros(1, grid * grid, hidden))
+        self.time_mlp = nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
+        self.blocks = nn.ModuleList(
+            DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size)
+            for _ in range(config.depth)
+        )
+        self.final_norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
+        self.final_modulation = nn.Linear(hidden, 2 * hidden)
+        self.final_linear = nn.Linear(hidden, config.channels * patch * patch)
+        nn.init.normal_(self.position_embedding, std=0.02)
+        for module in (self.final_modulation, self.final_linear):
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and mask for prompts, on the model's device. The empty prompt is the unconditional one."""
+        ids, mask = self.tokenizer.encode(prompts)
+        device = self.position_embedding.device
+        return ids.to(device), mask.to(device)
+
+    def _patchify(self, x: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = x.shape
+        p = self.config.patch_size
+        x = x.view(batch, channels, height // p, p, width // p, p)
+        return x.permute(0, 2, 4, 1, 3, 5).reshape(batch, (height // p) * (width // p), channels * p * p)
+
+    def _unpatchify(self, tokens: torch.Tensor) -> torch.Tensor:
+        batch = tokens.shape[0]
+        p, channels = self.config.patch_size, self.config.channels
+        grid = self.config.image_size // p
+        x = tokens.view(batch, grid, grid, channels, p, p).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(batch, channels, grid * p, grid * p)
+
+    def forward(
+        self, x: torch.Tensor, t: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Velocity at ``x`` ``[B, 3, H, W]`` and time ``t`` ``[B]`` (or scalar) for prompt tokens ``ids, mask``."""
+        if t.ndim == 0:
+            t = t.expand(x.shape[0])
+        text, pooled = self.text_encoder(ids, mask)
+        condition = F.silu(
+            self.time_mlp(timestep_embedding(t, 256).to(x.dtype)) + self.text_to_condition(pooled)
+        )
+        tokens = self.patch_embed(self._patchify(x)) + self.position_embedding
+        for block in self.blocks:
+            tokens = block(tokens, condition, text, mask)
+        shift, scale = self.final_modulation(condition).chunk(2, -1)
+        return self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` to ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        save_file(
+            {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()},
+            str(directory / WEIGHTS_NAME),
+        )
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> ShapesDiT:
+        """Load a model written by :meth:`save_pretrained`."""
+        directory = Path(directory)
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(
+                    f"{directory / name} not found: a ShapesDiT directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+                )
+        config = ShapesDiTConfig(**json.loads((directory / CONFIG_NAME).read_text()))
+        model = cls(config)
+        model.load_state_dict(load_file(str(directory / WEIGHTS_NAME)))
+        return model

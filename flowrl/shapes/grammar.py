@@ -1,0 +1,168 @@
+"""The shapes-world prompt grammar, covering GenEval's six tasks.
+
+Every prompt is a record ``{"prompt": str, "tag": task, "include": [...]}`` whose
+``include`` list follows GenEval's metadata format (``class``, ``count``, and
+optionally ``color`` and ``position: [relation, index of the reference entry]``).
+
+Tasks and phrases (each phrase also appears as "a photo of <phrase>"):
+  single_object  "a circle"
+  two_object     "a circle and a square"
+  counting       "three circles"                  (counts 1-4)
+  colors         "a red circle"
+  position       "a circle left of a square"      (left of, right of, above, below)
+  color_attr     "a red circle and a blue square"
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rewards.shapes_verifier import PALETTE, RELATIONS, SHAPE_CLASSES
+
+TASKS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+COLORS: tuple[str, ...] = tuple(PALETTE)
+NUMBER_WORDS: dict[int, str] = {1: "one", 2: "two", 3: "three", 4: "four"}
+TEMPLATES: tuple[str, ...] = ("{}", "a photo of {}")
+
+#: Seed of the shipped train/test split (``flowrl/shapes/prompts/*.jsonl``).
+SPLIT_SEED = 0
+TEST_FRACTION = 0.25
+PROMPT_DIR = Path(__file__).parent / "prompts"
+
+PromptRecord = dict[str, Any]
+
+
+def _plural(shape: str) -> str:
+    return shape + "s"
+
+
+def task_phrases(task: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Every ``(phrase, include)`` pair of a task, in a fixed order."""
+    if task == "single_object":
+        return [(f"a {shape}", [{"class": shape, "count": 1}]) for shape in SHAPE_CLASSES]
+    if task == "two_object":
+        return [
+            (f"a {first} and a {second}", [{"class": first, "count": 1}, {"class": second, "count": 1}])
+            for first, second in itertools.permutations(SHAPE_CLASSES, 2)
+        ]
+    if task == "counting":
+        return [
+            (
+                f"{NUMBER_WORDS[count]} {shape if count == 1 else _plural(shape)}",
+                [{"class": shape, "count": count}],
+            )
+            for shape in SHAPE_CLASSES
+            for count in NUMBER_WORDS
+        ]
+    if task == "colors":
+        return [
+            (f"a {color} {shape}", [{"class": shape, "count": 1, "color": color}])
+            for shape in SHAPE_CLASSES
+            for color in COLORS
+        ]
+    if task == "position":
+        # GenEval's layout: the reference object is entry 0, the placed object entry 1.
+        return [
+            (
+                f"a {placed} {relation} a {reference}",
+                [{"class": reference, "count": 1}, {"class": placed, "count": 1, "position": [relation, 0]}],
+            )
+            for placed, reference in itertools.permutations(SHAPE_CLASSES, 2)
+            for relation in RELATIONS
+        ]
+    if task == "color_attr":
+        return [
+            (
+                f"a {first_color} {first} and a {second_color} {second}",
+                [
+                    {"class": first, "count": 1, "color": first_color},
+                    {"class": second, "count": 1, "color": second_color},
+                ],
+            )
+            for first, second in itertools.permutations(SHAPE_CLASSES, 2)
+            for first_color, second_color in itertools.permutations(COLORS, 2)
+        ]
+    raise ValueError(f"unknown task {task!r}; allowed: {TASKS}")
+
+
+def task_prompts(task: str) -> list[PromptRecord]:
+    """Every prompt record of a task: each phrase under each template."""
+    return [
+        {"prompt": template.format(phrase), "tag": task, "include": include}
+        for phrase, include in task_phrases(task)
+        for template in TEMPLATES
+    ]
+
+
+def all_prompts() -> list[PromptRecord]:
+    """Every prompt of the grammar, task by task."""
+    return [record for task in TASKS for record in task_prompts(task)]
+
+
+def vocabulary() -> list[str]:
+    """Every word the grammar can produce, sorted."""
+    return sorted({word for record in all_prompts() for word in record["prompt"].split()})
+
+
+def split_prompts(
+    seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION
+) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    """Disjoint ``(train, test)`` prompt lists: per task a seeded shuffle, ``test_fraction`` held out.
+
+    Every task keeps at least one prompt on each side; the split is by prompt string.
+    """
+    rng = np.random.default_rng(seed)
+    train: list[PromptRecord] = []
+    test: list[PromptRecord] = []
+    for task in TASKS:
+        records = task_prompts(task)
+        order = rng.permutation(len(records))
+        n_test = min(len(records) - 1, max(1, round(test_fraction * len(records))))
+        test.extend(records[i] for i in sorted(order[:n_test]))
+        train.extend(records[i] for i in sorted(order[n_test:]))
+    return train, test
+
+
+def write_prompts(path: Path, records: Iterable[PromptRecord]) -> None:
+    """Write prompt records as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def load_prompts(path: str | Path) -> list[PromptRecord]:
+    """Read prompt records from a JSON-lines file; each needs ``prompt``, ``tag`` and ``include``."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            missing = {"prompt", "tag", "include"} - set(record)
+            if missing:
+                raise ValueError(f"{path}:{line_number}: prompt record lacks {sorted(missing)}")
+            records.append(record)
+    return records
+
+
+def shipped_prompts(split: str) -> list[PromptRecord]:
+    """The shipped ``train`` or ``test`` prompts."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown prompt split {split!r}; allowed: 'train', 'test'")
+    return load_prompts(PROMPT_DIR / f"{split}.jsonl")
+
+
+def sample_prompt(rng: np.random.Generator) -> PromptRecord:
+    """A random prompt of the whole grammar: task uniform, then phrase and template uniform."""
+    task = TASKS[rng.integers(len(TASKS))]
+    phrases = task_phrases(task)
+    phrase, include = phrases[rng.integers(len(phrases))]
+    template = TEMPLATES[rng.integers(len(TEMPLATES))]
+    return {"prompt": template.format(phrase), "tag": task, "include": include}

@@ -1,0 +1,30 @@
+"""Shared fixtures: a tiny random-weight shapes model."""
+
+import pytest
+import torch
+
+from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+from flowrl.shapes.grammar import vocabulary
+
+
+def tiny_config() -> ShapesDiTConfig:
+    return ShapesDiTConfig(
+        vocabulary=vocabulary(),
+        patch_size=4,
+        hidden_size=32,
+        depth=1,
+        num_heads=2,
+        text_hidden_size=32,
+        text_layers=1,
+    )
+
+
+@pytest.fixture
+def tiny_model() -> ShapesDiT:
+    torch.manual_seed(0)
+    model = ShapesDiT(tiny_config())
+    # adaLN-zero starts at v = 0; give every weight a value so outputs depend on inputs.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return model.eval()

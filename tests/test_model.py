@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from flowrl.generate import generate, seeded_noise
+from flowrl.models.shapes_dit import ShapesDiT
+from samplers import euler, guided_velocity, timesteps
+
+
+def test_forward_shape_and_dtype(tiny_model):
+    ids, mask = tiny_model.encode_prompts(["a red circle", "", "three squares"])
+    x = torch.randn(3, 3, 32, 32)
+    v = tiny_model(x, torch.rand(3), ids, mask)
+    assert v.shape == x.shape and v.dtype == torch.float32 and torch.isfinite(v).all()
+    assert tiny_model(x, torch.tensor(0.5), ids, mask).shape == x.shape
+
+
+def test_prompt_changes_the_velocity(tiny_model):
+    x, t = torch.randn(1, 3, 32, 32), torch.tensor([0.7])
+    v_red = tiny_model(x, t, *tiny_model.encode_prompts(["a red circle"]))
+    v_blue = tiny_model(x, t, *tiny_model.encode_prompts(["a blue circle"]))
+    v_empty = tiny_model(x, t, *tiny_model.encode_prompts([""]))
+    assert not torch.allclose(v_red, v_blue) and not torch.allclose(v_red, v_empty)
+
+
+def test_unknown_word_is_a_clear_error(tiny_model):
+    with pytest.raises(ValueError, match=r"'dog'.*allowed words"):
+        tiny_model.encode_prompts(["a red dog"])
+    with pytest.raises(ValueError, match="at most 15"):
+        tiny_model.encode_prompts([" ".join(["circle"] * 16)])
+
+
+def test_save_and_load_round_trip(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path / "model")
+    loaded = ShapesDiT.from_pretrained(tmp_path / "model").eval()
+    x, t = torch.randn(2, 3, 32, 32), torch.rand(2)
+    cond = tiny_model.encode_prompts(["a circle", "two squares"])
+    assert torch.equal(loaded(x, t, *cond), tiny_model(x, t, *cond))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ShapesDiT.from_pretrained(tmp_path / "missing")
+
+
+class CountingVelocity:
+    def __init__(self, model):
+        self.model, self.calls, self.batch_sizes = model, 0, []
+
+    def __call__(self, x, t, cond):
+        self.calls += 1
+        self.batch_sizes.append(x.shape[0])
+        return self.model(x, t, *cond)
+
+
+def _concat(a, b):
+    return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
+
+
+def test_cfg_off_does_one_forward_per_step(tiny_model):
+    velocity = CountingVelocity(tiny_model)
+    cond = tiny_model.encode_prompts(["a circle"] * 2)
+    guided = guided_velocity(velocity, 1.0, _concat, tiny_model.encode_prompts([""] * 2))
+    euler(guided, torch.randn(2, 3, 32, 32), timesteps(5), cond)
+    assert velocity.calls == 5 and velocity.batch_sizes == [2] * 5
+
+
+def test_cfg_combines_branches_in_one_batched_call(tiny_model):
+    velocity = CountingVelocity(tiny_model)
+    cond = tiny_model.encode_prompts(["a red circle"] * 2)
+    uncond = tiny_model.encode_prompts([""] * 2)
+    x, t = torch.randn(2, 3, 32, 32), torch.full((2,), 0.6)
+    guided = guided_velocity(velocity, 4.0, _concat, uncond)(x, t, cond)
+    assert velocity.calls == 1 and velocity.batch_sizes == [4]
+    v_c, v_u = tiny_model(x, t, *cond), tiny_model(x, t, *uncond)
+    torch.testing.assert_close(guided, v_u + 4.0 * (v_c - v_u), rtol=1e-5, atol=1e-5)
+
+
+def test_sampling_is_deterministic_per_seed(tiny_model):
+    first = generate(tiny_model, ["a circle", "two squares"], [3, 4], num_steps=4)
+    again = generate(tiny_model, ["a circle", "two squares"], [3, 4], num_steps=4)
+    assert torch.equal(first, again)
+    alone = generate(tiny_model, ["two squares"], [4], num_steps=4)
+    torch.testing.assert_close(alone[0], first[1], rtol=0, atol=1e-5)
+    other_seed = generate(tiny_model, ["a circle"], [5], num_steps=4)
+    assert not torch.allclose(other_seed[0], first[0])
+    assert first.min() >= 0 and first.max() <= 1 and first.shape == (2, 3, 32, 32)
+
+
+def test_seeded_noise_rows_are_independent_of_batch():
+    assert torch.equal(seeded_noise([7, 8], (3, 4, 4))[1], seeded_noise([8], (3, 4, 4))[0])
+
+
+def test_guidance_changes_samples(tiny_model):
+    plain = generate(tiny_model, ["a red circle"], [0], num_steps=4, guidance_scale=1.0)
+    guided = generate(tiny_model, ["a red circle"], [0], num_steps=4, guidance_scale=5.0)
+    assert not torch.allclose(plain, guided)

@@ -1,0 +1,129 @@
+import json
+
+import pytest
+import torch
+
+from flowrl.cli import main
+from flowrl.evaluation import evaluation_items, geneval_scores
+from flowrl.models import SHIPPED_MODELS, load_shapes_model
+from flowrl.shapes.grammar import TASKS, shipped_prompts
+from flowrl.shapes.pretrain import PretrainConfig, learning_rate_at, pretrain
+
+TINY = dict(steps=3, batch_size=4, warmup_steps=2, hidden_size=32, depth=1, num_heads=2)
+
+
+def test_pretraining_is_deterministic_given_a_seed(tmp_path):
+    first = pretrain(PretrainConfig(**TINY, seed=5), tmp_path / "a")
+    second = pretrain(PretrainConfig(**TINY, seed=5), tmp_path / "b")
+    other = pretrain(PretrainConfig(**TINY, seed=6), tmp_path / "c")
+    for (name, p), q in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert any(
+        not torch.equal(p, r) for p, r in zip(first.state_dict().values(), other.state_dict().values())
+    )
+    record = json.loads((tmp_path / "a" / "pretrain.json").read_text())
+    assert record["config"]["seed"] == 5 and len(record["loss_every_100_steps"]) == 1
+    assert (tmp_path / "a" / "model.safetensors").is_file()
+
+
+def test_learning_rate_schedule():
+    config = PretrainConfig(steps=100, warmup_steps=10, learning_rate=1.0, min_learning_rate_ratio=0.1)
+    assert learning_rate_at(0, config) == pytest.approx(0.1)
+    assert learning_rate_at(10, config) == pytest.approx(1.0)
+    assert learning_rate_at(100, config) == pytest.approx(0.1)
+
+
+def test_evaluation_items_balance_tasks():
+    items = evaluation_items(shipped_prompts("test"), images_per_task=5, seed=10)
+    assert len(items) == 5 * len(TASKS)
+    assert [seed for _, seed in items] == list(range(10, 10 + 5 * len(TASKS)))
+    assert [record["tag"] for record, _ in items] == [task for task in TASKS for _ in range(5)]
+
+
+def test_geneval_overall_is_the_mean_of_tasks():
+    tags = [
+        "single_object",
+        "single_object",
+        "counting",
+        "counting",
+        "colors",
+        "position",
+        "two_object",
+        "color_attr",
+    ]
+    strict = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    scores = geneval_scores(tags, strict, strict)
+    assert scores["geneval/single_object"] == 0.5 and scores["geneval/counting"] == 1.0
+    assert scores["geneval/overall"] == pytest.approx((0.5 + 1 + 0 + 1 + 0 + 0) / 6)
+
+
+def test_cli_eval_writes_json_with_geneval_keys_and_grid(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path / "model")
+    out = tmp_path / "eval"
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "model"),
+            "--images-per-task",
+            "2",
+            "--steps",
+            "2",
+            "--cfg",
+            "1",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    for name in ("eval_cfg_free", "eval_cfg_3"):
+        scores = json.loads((out / f"{name}.json").read_text())
+        assert {"geneval/overall", *(f"geneval/{task}" for task in TASKS)} <= set(scores)
+        assert 0.0 <= scores["geneval/overall"] <= 1.0 and scores["num_images"] == 2 * len(TASKS)
+        assert (out / f"{name}.png").stat().st_size > 0
+    assert set(json.loads((out / "summary.json").read_text())) == {"eval_cfg_free", "eval_cfg_3"}
+
+
+def test_cli_sample_writes_a_grid(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path / "model")
+    out = tmp_path / "grid.png"
+    assert (
+        main(
+            [
+                "sample",
+                "--model",
+                str(tmp_path / "model"),
+                "--prompt",
+                "a red circle",
+                "--prompt",
+                "two squares",
+                "--seeds",
+                "0",
+                "1",
+                "--steps",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.stat().st_size > 0
+
+
+def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
+    assert main(["sample", "--model", str(tmp_path / "nowhere"), "--prompt", "a circle"]) == 2
+    assert "neither a shipped model" in capsys.readouterr().err
+    assert main(["sample", "--prompt", "a purple dog", "--steps", "1", "--out", str(tmp_path / "x.png")]) == 2
+    assert "'dog'" in capsys.readouterr().err
+
+
+def test_shipped_base_model_loads_and_generates():
+    model = load_shapes_model("shapes-base")
+    assert (SHIPPED_MODELS["shapes-base"] / "MODEL_CARD.md").is_file()
+    assert 1e6 <= sum(p.numel() for p in model.parameters()) <= 1e7
+    from flowrl.generate import generate
+
+    images = generate(model, ["a red circle"], [0], num_steps=2)
+    assert images.shape == (1, 3, 32, 32)
