@@ -8,13 +8,12 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.grid import save_grid
 from flowrl.models import load_shapes_model
 from flowrl.shapes.grammar import shipped_prompts
+from flowrl.shapes.pretrain import PretrainConfig, pretrain
 
 
 def _sample(args: argparse.Namespace) -> None:
@@ -49,8 +48,6 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _pretrain_shapes(args: argparse.Namespace) -> None:
-    from flowrl.shapes.pretrain import PretrainConfig, pretrain
-
     overrides = {
         f.name: getattr(args, f.name) for f in fields(PretrainConfig) if getattr(args, f.name) is not None
     }
@@ -59,6 +56,7 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every ``flowrl`` subcommand."""
     parser = argparse.ArgumentParser(prog="flowrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -82,8 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = commands.add_parser("pretrain-shapes", help="pretrain the shapes base model from scratch")
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")
-    from flowrl.shapes.pretrain import PretrainConfig
-
     for f in fields(PretrainConfig):
         pretrain.add_argument(
             f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
@@ -93,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a ``flowrl`` subcommand; bad input is one line on stderr and exit status 2."""
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
@@ -103,5 +100,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(True)
     sys.exit(main())

@@ -25,7 +25,13 @@ from rewards.shapes_verifier import ShapesVerifier
 def evaluation_items(
     records: Sequence[PromptRecord], images_per_task: int, seed: int = 0
 ) -> list[tuple[PromptRecord, int]]:
-    """``(record, seed)`` pairs: per task its prompts round-robin, seeds ``seed, seed + 1, ...`` over all items."""
+    """``(record, seed)`` pairs: per task its prompts round-robin, seeds ``seed, seed + 1, ...`` over all items.
+
+    A task with more prompts than ``images_per_task`` is evaluated on its first
+    ``images_per_task`` prompts (in file order); one with fewer repeats them.
+    """
+    if images_per_task < 1:
+        raise ValueError(f"images_per_task must be >= 1, got {images_per_task}")
     items: list[tuple[PromptRecord, int]] = []
     for task in TASKS:
         task_records = [record for record in records if record["tag"] == task]
@@ -38,13 +44,14 @@ def evaluation_items(
 
 def geneval_scores(tags: Sequence[str], strict: torch.Tensor, partial: torch.Tensor) -> dict[str, float]:
     """``geneval/<task>`` accuracies, ``geneval/overall`` (their mean) and ``partial/overall``."""
+    missing = sorted(set(TASKS) - set(tags))
+    if missing:
+        raise ValueError(f"GenEval's overall score needs every task; no image for {missing}")
     scores: dict[str, float] = {}
     for task in TASKS:
         selected = [i for i, tag in enumerate(tags) if tag == task]
-        if selected:
-            scores[f"geneval/{task}"] = float(strict[selected].mean())
-    task_scores = [scores[f"geneval/{task}"] for task in TASKS if f"geneval/{task}" in scores]
-    scores["geneval/overall"] = float(sum(task_scores) / len(task_scores))
+        scores[f"geneval/{task}"] = float(strict[selected].mean())
+    scores["geneval/overall"] = float(sum(scores[f"geneval/{task}"] for task in TASKS) / len(TASKS))
     scores["partial/overall"] = float(partial.mean())
     return scores
 

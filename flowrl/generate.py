@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
+from flowrl.models.shapes_dit import ShapesDiT
 from samplers import euler, guided_velocity, timesteps
 
 
@@ -41,7 +41,7 @@ def _concat_conditions(
 
 @torch.no_grad()
 def generate(
-    model: nn.Module,
+    model: ShapesDiT,
     prompts: Sequence[str],
     seeds: Sequence[int],
     num_steps: int = 20,
@@ -52,7 +52,6 @@ def generate(
     """Images ``[B, 3, H, W]`` in [0, 1] for prompts and seeds, Euler ODE, optional CFG (1.0 = off)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
-    model.eval()
     config = model.config
     shape = (config.channels, config.image_size, config.image_size)
     schedule = timesteps(num_steps, shift=time_shift)

@@ -21,15 +21,19 @@ Detection (per image):
      the share of the area in the upper half (upright triangle 1/4, others 1/2);
      see :func:`soft_shape_features`.
 
-Scoring (per image), one check per ``include`` entry and one per position:
-  - count check: ``n`` objects of the class (and colour, when given) were
-    found and ``count`` asked: 1 if ``n == count`` else ``max(0, 1 - |n - count| / count)``;
-  - position check: 1 if some found object of the entry lies on the named side
-    of some found object of the referenced entry by more than
-    ``POSITION_MARGIN`` pixels, else 0.
+Scoring (per image). The grammar never names one class twice in a prompt,
+so each ``include`` entry is judged on the objects of its class:
+  - count check: ``n`` objects of the class found, ``count`` asked:
+    1 if ``n == count`` else ``max(0, 1 - |n - count| / count)``;
+  - colour check (entries with a colour): the share of those objects that
+    have the colour (0 when none was found), so a red circle beside a blue
+    one does not pass "a red circle";
+  - position check (entries with a position): 1 if some object of the entry
+    lies on the named side of some object of the referenced entry by more
+    than ``POSITION_MARGIN`` pixels (centroids), else 0.
   ``strict`` = 1 when every check is 1, else 0; ``partial`` = mean of the checks.
   Counts are exact (stricter than GenEval, which accepts "at least" outside
-  the counting task). Objects the prompt does not mention are ignored, as in
+  the counting task). Classes the prompt does not mention are ignored, as in
   GenEval.
 """
 
@@ -126,17 +130,18 @@ def detect_objects(image: np.ndarray) -> list[DetectedObject]:
     structure = np.ones((3, 3), dtype=bool)
     objects: list[DetectedObject] = []
     for color_index, color in enumerate(_COLOR_NAMES):
-        components, count = ndimage.label(labels_by_color == color_index, structure=structure)
+        components, _ = ndimage.label(labels_by_color == color_index, structure=structure)
         for component, box in enumerate(ndimage.find_objects(components), start=1):
             mask = components[box] == component
             area = int(mask.sum())
             if area < MIN_OBJECT_AREA:
                 continue
             # The object's own coverage, with a 1-pixel margin for its anti-aliased rim;
-            # pixels claimed by another object or colour are excluded.
+            # other objects and bright off-palette pixels are excluded.
             top, left = max(box[0].start - 1, 0), max(box[1].start - 1, 0)
             window = (slice(top, box[0].stop + 1), slice(left, box[1].stop + 1))
-            own = (components[window] == component) | (labels_by_color[window] == -1)
+            rim = (labels_by_color[window] == -1) & (brightness[window] <= FOREGROUND_LEVEL)
+            own = (components[window] == component) | rim
             peak = brightness[box][mask].max()
             coverage = np.where(own, np.clip(brightness[window] / peak, 0.0, 1.0), 0.0)
             rows, cols = np.nonzero(mask)
@@ -152,7 +157,8 @@ def detect_objects(image: np.ndarray) -> list[DetectedObject]:
     return objects
 
 
-def _matches(objects: Sequence[DetectedObject], entry: Mapping[str, Any]) -> list[DetectedObject]:
+def _of_entry(objects: Sequence[DetectedObject], entry: Mapping[str, Any]) -> list[DetectedObject]:
+    """Objects of the entry's class and, when the entry names one, its colour."""
     return [
         obj
         for obj in objects
@@ -173,18 +179,23 @@ def _relation_holds(obj: DetectedObject, reference: DetectedObject, relation: st
 
 
 def score_objects(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]) -> tuple[float, float]:
-    """``(strict, partial)`` scores of detected objects against GenEval-style metadata."""
+    """``(strict, partial)`` scores of detected objects against GenEval-style metadata (see module docstring)."""
     include = metadata["include"]
     checks: list[float] = []
     for entry in include:
-        found = len(_matches(objects, entry))
+        of_class = [obj for obj in objects if obj.shape == entry["class"]]
         wanted = int(entry.get("count", 1))
+        found = len(of_class)
         checks.append(1.0 if found == wanted else max(0.0, 1.0 - abs(found - wanted) / wanted))
+        if "color" in entry:
+            checks.append(sum(obj.color == entry["color"] for obj in of_class) / max(found, 1))
         if "position" in entry:
             relation, reference_index = entry["position"]
-            candidates = _matches(objects, entry)
-            references = _matches(objects, include[reference_index])
-            holds = any(_relation_holds(c, r, relation) for c in candidates for r in references)
+            holds = any(
+                _relation_holds(candidate, reference, relation)
+                for candidate in _of_entry(objects, entry)
+                for reference in _of_entry(objects, include[reference_index])
+            )
             checks.append(1.0 if holds else 0.0)
     strict = 1.0 if all(check == 1.0 for check in checks) else 0.0
     return strict, float(np.mean(checks))

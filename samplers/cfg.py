@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-VelocityFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
+from samplers.ode import VelocityFn
 
 
 def guided_velocity(
-    velocity: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor],
+    velocity: VelocityFn,
     guidance_scale: float,
     concat_conditions: Callable[[Any, Any], Any],
     unconditional: Any,

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+#: ``v(x, t, cond)``: velocity at states ``x`` ``[B, ...]`` and times ``t`` ``[B]`` under conditioning ``cond``.
 VelocityFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
 
 

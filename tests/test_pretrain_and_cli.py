@@ -26,6 +26,28 @@ def test_pretraining_is_deterministic_given_a_seed(tmp_path):
     assert (tmp_path / "a" / "model.safetensors").is_file()
 
 
+def test_cli_pretrain_passes_settings(tmp_path):
+    out = tmp_path / "model"
+    args = ["pretrain-shapes", "--out", str(out), "--steps", "2", "--batch-size", "2", "--warmup-steps", "1"]
+    args += [
+        "--hidden-size",
+        "32",
+        "--depth",
+        "1",
+        "--num-heads",
+        "2",
+        "--learning-rate",
+        "0.002",
+        "--seed",
+        "3",
+    ]
+    assert main(args) == 0
+    record = json.loads((out / "pretrain.json").read_text())
+    assert record["config"]["learning_rate"] == 0.002 and record["config"]["steps"] == 2
+    assert record["config"]["seed"] == 3 and record["config"]["hidden_size"] == 32
+    assert load_shapes_model(str(out)).config.hidden_size == 32
+
+
 def test_learning_rate_schedule():
     config = PretrainConfig(steps=100, warmup_steps=10, learning_rate=1.0, min_learning_rate_ratio=0.1)
     assert learning_rate_at(0, config) == pytest.approx(0.1)
@@ -52,9 +74,15 @@ def test_geneval_overall_is_the_mean_of_tasks():
         "color_attr",
     ]
     strict = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
-    scores = geneval_scores(tags, strict, strict)
+    partial = torch.tensor([1.0, 0.5, 1.0, 1.0, 0.5, 1.0, 0.5, 0.5])
+    scores = geneval_scores(tags, strict, partial)
     assert scores["geneval/single_object"] == 0.5 and scores["geneval/counting"] == 1.0
     assert scores["geneval/overall"] == pytest.approx((0.5 + 1 + 0 + 1 + 0 + 0) / 6)
+    assert scores["partial/overall"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="needs every task"):
+        geneval_scores(tags[:2], strict[:2], partial[:2])
+    with pytest.raises(ValueError, match="images_per_task"):
+        evaluation_items(shipped_prompts("test"), images_per_task=0)
 
 
 def test_cli_eval_writes_json_with_geneval_keys_and_grid(tiny_model, tmp_path):

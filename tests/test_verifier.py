@@ -21,6 +21,31 @@ def test_renderer_and_verifier_agree_on_ground_truth():
         assert np.mean(correct[task]) >= 0.97, (task, np.mean(correct[task]))
 
 
+def test_layouts_keep_objects_apart_and_relations_true():
+    rng = np.random.default_rng(1)
+    for record in all_prompts():
+        for _ in range(3):
+            objects = sample_layout(record["include"], rng)
+            assert len(objects) == sum(entry["count"] for entry in record["include"])
+            for i, a in enumerate(objects):
+                assert a.size / 2 < a.center_x < 32 - a.size / 2 and a.size / 2 < a.center_y < 32 - a.size / 2
+                for b in objects[i + 1 :]:
+                    gap = (
+                        max(abs(a.center_x - b.center_x), abs(a.center_y - b.center_y))
+                        - (a.size + b.size) / 2
+                    )
+                    assert gap >= 2.0
+            if record["tag"] == "position":
+                reference, placed = objects
+                relation = record["include"][1]["position"][0]
+                dx, dy = placed.center_x - reference.center_x, placed.center_y - reference.center_y
+                offset = {"left of": -dx, "right of": dx, "above": -dy, "below": dy}[relation]
+                assert offset >= (placed.size + reference.size) / 2 + 2.0
+            for entry, obj in zip(record["include"], objects):
+                if "color" in entry:
+                    assert obj.color == entry["color"]
+
+
 @pytest.mark.parametrize("shape", SHAPE_CLASSES)
 @pytest.mark.parametrize("color", list(PALETTE))
 def test_single_shapes_are_read_back(shape, color):
@@ -49,22 +74,41 @@ def test_wrong_count_is_rejected():
 def test_wrong_color_and_shape_are_rejected():
     record = _record("colors", "a red circle")
     rng = np.random.default_rng(0)
-    assert verify_image(draw_scene(sample_layout([{"class": "circle", "color": "blue"}], rng)), record) == (
-        0.0,
-        0.0,
+    blue_circle = draw_scene(sample_layout([{"class": "circle", "color": "blue"}], rng))
+    assert verify_image(blue_circle, record) == (0.0, 0.5)  # count right, colour wrong
+    red_square = draw_scene(sample_layout([{"class": "square", "color": "red"}], rng))
+    assert verify_image(red_square, record) == (0.0, 0.0)
+
+
+def test_a_distractor_of_another_colour_is_not_ignored():
+    record = _record("colors", "a red circle")
+    image = draw_scene([SceneObject("circle", "red", 8, 16, 9), SceneObject("circle", "blue", 24, 16, 9)])
+    assert verify_image(image, record) == (0.0, 0.25)  # two circles for one, half of them red
+    record = _record("color_attr", "a red circle and a blue square")
+    image = draw_scene(
+        [
+            SceneObject("circle", "red", 7, 7, 8),
+            SceneObject("circle", "blue", 24, 7, 8),
+            SceneObject("square", "red", 7, 24, 8),
+            SceneObject("square", "blue", 24, 24, 8),
+        ]
     )
-    assert verify_image(draw_scene(sample_layout([{"class": "square", "color": "red"}], rng)), record) == (
-        0.0,
-        0.0,
-    )
+    strict, partial = verify_image(image, record)
+    assert strict == 0.0 and partial == 0.25
+
+
+def test_objects_the_prompt_does_not_mention_are_ignored():
+    record = _record("colors", "a red circle")
+    image = draw_scene([SceneObject("circle", "red", 8, 16, 9), SceneObject("triangle", "blue", 24, 16, 9)])
+    assert verify_image(image, record) == (1.0, 1.0)
 
 
 def test_swapped_attributes_are_rejected():
     record = _record("color_attr", "a red circle and a blue square")
     image = draw_scene([SceneObject("circle", "blue", 8, 16, 9), SceneObject("square", "red", 24, 16, 9)])
-    assert verify_image(image, record) == (0.0, 0.0)
-    image = draw_scene([SceneObject("circle", "red", 8, 16, 9), SceneObject("square", "green", 24, 16, 9)])
     assert verify_image(image, record) == (0.0, 0.5)
+    image = draw_scene([SceneObject("circle", "red", 8, 16, 9), SceneObject("square", "green", 24, 16, 9)])
+    assert verify_image(image, record) == (0.0, 0.75)
 
 
 @pytest.mark.parametrize(

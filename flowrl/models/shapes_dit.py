@@ -41,10 +41,10 @@ class ShapesDiTConfig:
     vocabulary: list[str] = field(default_factory=list)
     image_size: int = 32
     channels: int = 3
-    patch_size: int = 2
-    hidden_size: int = 192
+    patch_size: int = 4
+    hidden_size: int = 128
     depth: int = 6
-    num_heads: int = 6
+    num_heads: int = 4
     mlp_ratio: float = 4.0
     text_hidden_size: int = 128
     text_layers: int = 2

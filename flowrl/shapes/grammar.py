@@ -113,19 +113,25 @@ def vocabulary() -> list[str]:
 def split_prompts(
     seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION
 ) -> tuple[list[PromptRecord], list[PromptRecord]]:
-    """Disjoint ``(train, test)`` prompt lists: per task a seeded shuffle, ``test_fraction`` held out.
+    """Disjoint ``(train, test)`` prompt lists, split by phrase.
 
-    Every task keeps at least one prompt on each side; the split is by prompt string.
+    Per task, a seeded shuffle of the phrases puts ``test_fraction`` of them
+    (at least one, never all) in the test set; every template of a phrase goes
+    to the same side, so no test phrase is seen in training under another wording.
     """
     rng = np.random.default_rng(seed)
     train: list[PromptRecord] = []
     test: list[PromptRecord] = []
     for task in TASKS:
-        records = task_prompts(task)
-        order = rng.permutation(len(records))
-        n_test = min(len(records) - 1, max(1, round(test_fraction * len(records))))
-        test.extend(records[i] for i in sorted(order[:n_test]))
-        train.extend(records[i] for i in sorted(order[n_test:]))
+        phrases = task_phrases(task)
+        order = rng.permutation(len(phrases))
+        n_test = min(len(phrases) - 1, max(1, round(test_fraction * len(phrases))))
+        held_out = set(order[:n_test].tolist())
+        for index, (phrase, include) in enumerate(phrases):
+            side = test if index in held_out else train
+            side.extend(
+                {"prompt": template.format(phrase), "tag": task, "include": include} for template in TEMPLATES
+            )
     return train, test
 
 

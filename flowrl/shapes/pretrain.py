@@ -32,22 +32,24 @@ from flowrl.shapes.render import render_prompt
 
 @dataclass
 class PretrainConfig:
-    """Settings of :func:`pretrain` (also written to ``pretrain.json``)."""
+    """Settings of :func:`pretrain` (also written to ``pretrain.json``); defaults made the shipped model."""
 
-    steps: int = 3600
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    min_learning_rate_ratio: float = 0.1
-    warmup_steps: int = 200
-    weight_decay: float = 0.0
-    ema_decay: float = 0.999
-    condition_dropout: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    patch_size: int = 4
-    hidden_size: int = 128
-    depth: int = 6
-    num_heads: int = 4
+    steps: int = 3600  #: optimizer steps
+    batch_size: int = 64  #: freshly rendered images per step
+    learning_rate: float = 1e-3  #: peak AdamW learning rate
+    min_learning_rate_ratio: float = 0.1  #: cosine decay ends at this share of the peak
+    warmup_steps: int = 200  #: linear warm-up steps
+    weight_decay: float = 0.0  #: AdamW weight decay
+    ema_decay: float = 0.999  #: decay of the saved weight average (warmed up as (1+k)/(10+k))
+    condition_dropout: float = 0.1  #: share of prompts replaced by "" (for classifier-free guidance)
+    grad_clip: float = 1.0  #: max global gradient norm
+    seed: int = 0  #: seed of every random draw (prompts, layouts, t, noise, initial weights)
+    patch_size: int = 4  #: ShapesDiT pixel patch side
+    hidden_size: int = 128  #: ShapesDiT width
+    depth: int = 6  #: ShapesDiT blocks
+    num_heads: int = 4  #: ShapesDiT attention heads
+    text_hidden_size: int = 128  #: text encoder width
+    text_layers: int = 2  #: text encoder layers
 
 
 def learning_rate_at(step: int, config: PretrainConfig) -> float:
@@ -81,6 +83,8 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
             hidden_size=config.hidden_size,
             depth=config.depth,
             num_heads=config.num_heads,
+            text_hidden_size=config.text_hidden_size,
+            text_layers=config.text_layers,
         )
     )
     ema = ShapesDiT(model.config)

@@ -27,6 +27,6 @@ def test_package_never_imports_flowrl(package):
 
 
 def test_samplers_depend_on_torch_only():
-    allowed = {"torch", "samplers", "__future__", "typing", "dataclasses", "math"}
+    allowed = {"torch", "samplers", "__future__", "typing", "collections", "dataclasses", "math"}
     for path in (ROOT / "samplers").rglob("*.py"):
         assert _imported_modules(path) <= allowed, (path, _imported_modules(path) - allowed)
