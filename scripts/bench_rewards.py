@@ -36,13 +36,13 @@ from rewards.testing import (
 )
 
 
-def timed(function, repeats: int) -> float:
-    """Median seconds of ``function()`` over ``repeats`` runs after one warm-up."""
-    function()
+def timed(repeats: int, function, *call_args) -> float:
+    """Median seconds of ``function(*call_args)`` over ``repeats`` runs after one warm-up."""
+    function(*call_args)
     durations = []
     for _ in range(repeats):
         start = time.perf_counter()
-        function()
+        function(*call_args)
         durations.append(time.perf_counter() - start)
     return statistics.median(durations)
 
@@ -141,7 +141,7 @@ def main() -> None:
 
     rows = []
     for name, (reward, media, case_prompts, case_metadata) in cases.items():
-        seconds = timed(lambda: score(name, reward, media, case_prompts, case_metadata), args.repeats)
+        seconds = timed(args.repeats, score, name, reward, media, case_prompts, case_metadata)
         items = media.shape[0] * (media.shape[1] if media.ndim == 5 else 1)
         rows.append(
             {
@@ -158,8 +158,8 @@ def main() -> None:
         reward, media, case_prompts, case_metadata = cases[name]
         server, url = start_server(name, reward)
         client = RemoteReward(url, batch_size=args.batch)
-        local = timed(lambda: score(name, reward, media, case_prompts, case_metadata), args.repeats)
-        remote = timed(lambda: score("remote", client, media, case_prompts, case_metadata), args.repeats)
+        local = timed(args.repeats, score, name, reward, media, case_prompts, case_metadata)
+        remote = timed(args.repeats, score, "remote", client, media, case_prompts, case_metadata)
         server.should_exit = True
         remote_rows.append(
             {
