@@ -8,12 +8,15 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import yaml
+
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.grid import save_grid
 from flowrl.models import load_shapes_model
 from flowrl.shapes.grammar import shipped_prompts
 from flowrl.shapes.pretrain import PretrainConfig, pretrain
+from rewards import build_reward, describe_rewards
 
 
 def _sample(args: argparse.Namespace) -> None:
@@ -55,6 +58,31 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def _parse_settings(pairs: list[str]) -> dict[str, object]:
+    """``["key=value", ...]`` to a dict; values are read as YAML scalars (numbers, booleans, strings)."""
+    settings = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise ValueError(f"setting {pair!r} is not key=value")
+        settings[key] = yaml.safe_load(value)
+    return settings
+
+
+def _rewards_list(args: argparse.Namespace) -> None:
+    rows = describe_rewards()
+    width = max(len(row.name) for row in rows)
+    print(f"{'reward':<{width}}  {'modality':<8}  {'source':<10}  weights")
+    for row in rows:
+        print(f"{row.name:<{width}}  {row.modality:<8}  {row.source:<10}  {row.weights}")
+
+
+def _reward_server(args: argparse.Namespace) -> None:
+    from rewards.server import serve
+
+    serve(args.reward, build_reward(args.reward, **_parse_settings(args.setting)), args.host, args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``flowrl`` subcommand."""
     parser = argparse.ArgumentParser(prog="flowrl", description=__doc__)
@@ -77,6 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--seed", type=int, default=0)
     evaluation.add_argument("--out", default="outputs/eval")
     evaluation.set_defaults(run=_eval)
+
+    rewards_command = commands.add_parser("rewards", help="reward registry")
+    rewards_actions = rewards_command.add_subparsers(dest="action", required=True)
+    rewards_actions.add_parser("list", help="available rewards, modality, weights").set_defaults(
+        run=_rewards_list
+    )
+
+    server = commands.add_parser(
+        "reward-server", help="serve a registered reward over HTTP (rewards.remote protocol)"
+    )
+    server.add_argument("--reward", required=True, help="registered name, plugin name or package.module:Name")
+    server.add_argument(
+        "--setting", action="append", default=[], help="key=value passed to the reward (repeat)"
+    )
+    server.add_argument(
+        "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"
+    )
+    server.add_argument("--port", type=int, default=8700)
+    server.set_defaults(run=_reward_server)
 
     pretrain = commands.add_parser("pretrain-shapes", help="pretrain the shapes base model from scratch")
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")

@@ -33,12 +33,6 @@ def model_space_to_images(x: torch.Tensor) -> torch.Tensor:
     return ((x.float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
 
-def _concat_conditions(
-    cond: tuple[torch.Tensor, torch.Tensor], other: tuple[torch.Tensor, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.cat([cond[0], other[0]]), torch.cat([cond[1], other[1]])
-
-
 @torch.no_grad()
 def generate(
     model: ShapesDiT,
@@ -61,11 +55,8 @@ def generate(
         chunk = list(prompts[start : start + batch_size])
         cond = model.encode_prompts(chunk)
         velocity = guided_velocity(
-            lambda x, t, c: model(x, t, *c),
-            guidance_scale,
-            _concat_conditions,
-            model.encode_prompts([""] * len(chunk)),
+            lambda x, t, c: model(x, t, *c), guidance_scale, model.encode_prompts([""] * len(chunk))
         )
         noise = seeded_noise(seeds[start : start + batch_size], shape, device)
-        outputs.append(model_space_to_images(euler(velocity, noise, schedule, cond)))
+        outputs.append(model_space_to_images(euler(velocity, noise, schedule, cond).x0))
     return torch.cat(outputs)

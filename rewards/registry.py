@@ -1,20 +1,28 @@
-"""Reward registry: names to reward functions or classes.
+"""Reward registry: names to reward functions or classes, with third-party plugins.
 
-``@register("name")`` adds a function ``(media, prompts, metadata) -> Tensor[B] | dict``
-or a class whose instances are such callables. ``build_reward(name)`` returns a
-ready callable: classes are instantiated with the given keyword arguments. A
-name of the form ``"package.module:Attribute"`` is imported instead of looked up.
+Three ways to name a reward wherever a reward name is accepted:
+  - a name registered with ``@register("name")`` (built-ins and your own code);
+  - a name a third-party package exposes through the entry-point group
+    ``flowrl.rewards`` (``[project.entry-points."flowrl.rewards"] my_reward =
+    "my_pkg.rewards:MyReward"``), loaded on first use;
+  - a dotted path ``"package.module:Attribute"``.
+``build_reward(name, **settings)`` returns a ready callable: a class is
+instantiated with the settings, a function is returned as is.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 RewardFactory = TypeVar("RewardFactory", bound=Callable[..., Any])
 
-_REGISTRY: dict[str, Callable[..., Any]] = {}
+ENTRY_POINT_GROUP = "flowrl.rewards"
+#: Name -> reward function or class, or a dotted path not imported yet (``register_lazy``).
+_REGISTRY: dict[str, Callable[..., Any] | str] = {}
 
 
 def register(name: str) -> Callable[[RewardFactory], RewardFactory]:
@@ -29,31 +37,92 @@ def register(name: str) -> Callable[[RewardFactory], RewardFactory]:
     return decorator
 
 
+def register_lazy(name: str, path: str) -> None:
+    """Register ``name`` as the dotted path ``"package.module:Attribute"``, imported on first use.
+
+    Built-ins with heavy dependencies (open_clip, transformers, onnxruntime) use this,
+    so that importing ``rewards`` stays cheap.
+    """
+    if name in _REGISTRY and _REGISTRY[name] != path:
+        raise ValueError(f"reward name {name!r} is already registered to {_REGISTRY[name]!r}")
+    _REGISTRY[name] = path
+
+
+def _plugins() -> dict[str, Any]:
+    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def available_rewards() -> list[str]:
-    """Names of all registered rewards, sorted."""
-    return sorted(_REGISTRY)
+    """Names of all registered and plugin rewards, sorted."""
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
-def _resolve(name: str) -> Callable[..., Any]:
+def resolve_reward(name: str) -> Callable[..., Any]:
+    """The function or class a reward name stands for (registered, plugin, or dotted path)."""
     if name in _REGISTRY:
+        if isinstance(_REGISTRY[name], str):
+            _REGISTRY[name] = _import(_REGISTRY[name], name)
         return _REGISTRY[name]
-    if ":" in name:
-        module_name, _, attribute = name.partition(":")
+    plugins = _plugins()
+    if name in plugins:
         try:
-            return getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"cannot import reward {name!r}: {error}") from error
+            factory = plugins[name].load()
+        except Exception as error:
+            raise ValueError(
+                f"reward plugin {name!r} ({plugins[name].value}) failed to load: {error}"
+            ) from error
+        _REGISTRY[name] = factory
+        return factory
+    if ":" in name:
+        return _import(name, name)
     raise ValueError(
-        f"unknown reward {name!r}; registered: {available_rewards()} "
-        "(or give a dotted path 'package.module:Name')"
+        f"unknown reward {name!r}; available: {available_rewards()} (or a dotted path 'package.module:Name')"
     )
 
 
-def build_reward(name: str, **kwargs: Any) -> Callable[..., Any]:
-    """The reward callable for ``name``; a registered class is instantiated with ``kwargs``."""
-    factory = _resolve(name)
+def _import(path: str, name: str) -> Callable[..., Any]:
+    module_name, _, attribute = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot import reward {name!r} from {path!r}: {error}") from error
+
+
+def build_reward(name: str, **settings: Any) -> Callable[..., Any]:
+    """The reward callable for ``name``; a class is instantiated with ``settings``."""
+    factory = resolve_reward(name)
     if isinstance(factory, type):
-        return factory(**kwargs)
-    if kwargs:
-        raise ValueError(f"reward {name!r} is a function and takes no settings, got {sorted(kwargs)}")
+        return factory(**settings)
+    if settings:
+        raise ValueError(f"reward {name!r} is a function and takes no settings, got {sorted(settings)}")
     return factory
+
+
+@dataclass(frozen=True)
+class RewardInfo:
+    """A row of ``flowrl rewards list``."""
+
+    name: str
+    modality: str
+    weights: str
+    source: str
+
+
+def describe_rewards() -> list[RewardInfo]:
+    """Every available reward with its modality and whether its weights are present.
+
+    A class reward may define ``weights_status() -> str`` (a classmethod), e.g.
+    ``"present: /path"`` or ``"missing: download ... to ..."``; otherwise
+    ``"not needed"``. Plugins that fail to load are listed with the error.
+    """
+    rows = []
+    for name in available_rewards():
+        source = "plugin" if name not in _REGISTRY else "registered"
+        try:
+            factory = resolve_reward(name)
+        except ValueError as error:
+            rows.append(RewardInfo(name, "?", f"plugin failed to load: {error}", source))
+            continue
+        status = factory.weights_status() if hasattr(factory, "weights_status") else "not needed"
+        rows.append(RewardInfo(name, getattr(factory, "modality", "image"), status, source))
+    return rows

@@ -214,6 +214,8 @@ class ShapesVerifier:
     """
 
     modality = "image"
+    #: The sub-score a MultiReward aggregates by default.
+    primary_score = "partial"
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]

@@ -15,5 +15,5 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+.venv/bin/python -m pip install --quiet -e ".[dev,ocr]"
 echo "$wanted" > "$stamp"

@@ -49,14 +49,10 @@ class CountingVelocity:
         return self.model(x, t, *cond)
 
 
-def _concat(a, b):
-    return torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])
-
-
 def test_cfg_off_does_one_forward_per_step(tiny_model):
     velocity = CountingVelocity(tiny_model)
     cond = tiny_model.encode_prompts(["a circle"] * 2)
-    guided = guided_velocity(velocity, 1.0, _concat, tiny_model.encode_prompts([""] * 2))
+    guided = guided_velocity(velocity, 1.0, tiny_model.encode_prompts([""] * 2))
     euler(guided, torch.randn(2, 3, 32, 32), timesteps(5), cond)
     assert velocity.calls == 5 and velocity.batch_sizes == [2] * 5
 
@@ -66,7 +62,7 @@ def test_cfg_combines_branches_in_one_batched_call(tiny_model):
     cond = tiny_model.encode_prompts(["a red circle"] * 2)
     uncond = tiny_model.encode_prompts([""] * 2)
     x, t = torch.randn(2, 3, 32, 32), torch.full((2,), 0.6)
-    guided = guided_velocity(velocity, 4.0, _concat, uncond)(x, t, cond)
+    guided = guided_velocity(velocity, 4.0, uncond)(x, t, cond)
     assert velocity.calls == 1 and velocity.batch_sizes == [4]
     v_c, v_u = tiny_model(x, t, *cond), tiny_model(x, t, *uncond)
     torch.testing.assert_close(guided, v_u + 4.0 * (v_c - v_u), rtol=1e-5, atol=1e-5)

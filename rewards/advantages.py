@@ -1,0 +1,58 @@
+"""Group-relative advantages from rewards (GRPO-style), and GDPO's per-reward normalisation.
+
+Samples of one prompt form a group (``group_ids``, one id per sample).
+
+``group_advantages``: ``A = (R - mean_group R) / (std R + eps)``, with the
+std over the whole batch (default) or within each group.
+
+``gdpo_advantages`` (GDPO): each reward is normalised within its group first,
+``A_k = (r_k - mean_g r_k) / max(std_g r_k, 1e-6)``, then ``S = sum_k w_k A_k``
+is normalised over the batch: ``(S - mean S) / (std S + eps)``. Unlike summing
+raw rewards first, distinct reward combinations keep distinct advantages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+STD_SCOPES = ("batch", "group")
+
+
+def _group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample mean and (population) std of its group."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1
+    counts = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, torch.ones_like(values))
+    means = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, values) / counts
+    centered = values - means[inverse]
+    variances = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, centered**2) / counts
+    return means[inverse], variances.sqrt()[inverse]
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, std_scope: str = "batch", eps: float = 1e-4
+) -> torch.Tensor:
+    """``(R - mean_group R) / (std R + eps)``; ``std_scope`` is ``"batch"`` or ``"group"``."""
+    if std_scope not in STD_SCOPES:
+        raise ValueError(f"unknown std_scope {std_scope!r}; allowed: {STD_SCOPES}")
+    rewards = rewards.double()
+    mean, group_std = _group_stats(rewards, group_ids)
+    std = group_std if std_scope == "group" else rewards.std(unbiased=False)
+    return ((rewards - mean) / (std + eps)).float()
+
+
+def gdpo_advantages(
+    rewards: Mapping[str, torch.Tensor],
+    reward_weights: Mapping[str, float],
+    group_ids: torch.Tensor,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """GDPO: per-reward group normalisation, weighted sum, then batch normalisation (module docstring)."""
+    total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float64)
+    for name, weight in reward_weights.items():
+        values = rewards[name].double()
+        mean, std = _group_stats(values, group_ids)
+        total += weight * (values - mean) / std.clamp(min=1e-6)
+    return ((total - total.mean()) / (total.std(unbiased=False) + eps)).float()

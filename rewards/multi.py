@@ -1,0 +1,120 @@
+"""Several rewards as one: scoring, weighting, and advantages (``sum`` or ``gdpo``).
+
+``MultiReward({"pickscore": 1.0, "hpsv2": 0.5})`` or with richer settings::
+
+    MultiReward({
+        "verifier": {"reward": "shapes_verifier", "weight": 1.0, "key": "partial"},
+        "clip": {"reward": "clip_score", "weight": 0.1, "settings": {"model_name": "ViT-B-32"}},
+    }, aggregation="gdpo")
+
+Each entry's ``reward`` defaults to the entry's name; ``key`` picks the
+sub-score that enters the aggregate (default: the reward's only score, or
+its class attribute ``primary_score``). Calling it returns every sub-score,
+checked at the boundary, labelled ``entry`` or ``entry/sub-score``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rewards.advantages import STD_SCOPES, gdpo_advantages, group_advantages
+from rewards.base import modality_of, score
+from rewards.registry import build_reward
+
+AGGREGATIONS = ("sum", "gdpo")
+
+
+@dataclass
+class RewardEntry:
+    """One reward of a :class:`MultiReward`."""
+
+    name: str
+    reward: Any
+    weight: float = 1.0
+    key: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _entry(name: str, spec: float | Mapping[str, Any]) -> RewardEntry:
+    if isinstance(spec, (int, float)):
+        spec = {"weight": float(spec)}
+    unknown = set(spec) - {"reward", "weight", "key", "settings"}
+    if unknown:
+        raise ValueError(
+            f"reward entry {name!r} has unknown fields {sorted(unknown)}; allowed: reward, weight, key, settings"
+        )
+    reward_name = spec.get("reward", name)
+    settings = dict(spec.get("settings", {}))
+    reward = build_reward(reward_name, **settings) if isinstance(reward_name, str) else reward_name
+    return RewardEntry(name, reward, float(spec.get("weight", 1.0)), spec.get("key"), settings)
+
+
+class MultiReward:
+    """A weighted set of rewards with ``sum`` or ``gdpo`` aggregation (see module docstring)."""
+
+    def __init__(
+        self,
+        rewards: Mapping[str, float | Mapping[str, Any]],
+        aggregation: str = "sum",
+        std_scope: str = "batch",
+        eps: float = 1e-4,
+    ) -> None:
+        if not rewards:
+            raise ValueError("MultiReward needs at least one reward")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {AGGREGATIONS}")
+        if std_scope not in STD_SCOPES:
+            raise ValueError(f"unknown std_scope {std_scope!r}; allowed: {STD_SCOPES}")
+        self.entries = [_entry(name, spec) for name, spec in rewards.items()]
+        modalities = {entry.name: modality_of(entry.reward) for entry in self.entries}
+        if len(set(modalities.values())) > 1:
+            raise ValueError(f"rewards of one MultiReward must share a modality, got {modalities}")
+        self.modality = next(iter(modalities.values()))
+        self.aggregation, self.std_scope, self.eps = aggregation, std_scope, eps
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Weight of each entry."""
+        return {entry.name: entry.weight for entry in self.entries}
+
+    def __call__(
+        self, media: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        """Every sub-score of every reward, ``{label: Tensor[B]}`` on the CPU in float32."""
+        scores: dict[str, torch.Tensor] = {}
+        for entry in self.entries:
+            for key, value in score(entry.name, entry.reward, media, prompts, metadata).items():
+                scores[entry.name if key == entry.name else f"{entry.name}/{key}"] = value
+        return scores
+
+    def components(self, scores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The one score per entry that enters the aggregate."""
+        chosen = {}
+        for entry in self.entries:
+            labels = [label for label in scores if label == entry.name or label.startswith(entry.name + "/")]
+            key = entry.key or getattr(entry.reward, "primary_score", None)
+            if key is not None:
+                label = f"{entry.name}/{key}"
+                if label not in scores:
+                    raise ValueError(f"reward {entry.name!r} has no sub-score {key!r}; it returned {labels}")
+            elif len(labels) == 1:
+                label = labels[0]
+            else:
+                raise ValueError(f"reward {entry.name!r} returned several scores {labels}; set its 'key'")
+            chosen[entry.name] = scores[label]
+        return chosen
+
+    def total(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Weighted sum of the raw components, ``sum_k w_k r_k``."""
+        components = self.components(scores)
+        return sum(entry.weight * components[entry.name] for entry in self.entries)
+
+    def advantages(self, scores: Mapping[str, torch.Tensor], group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages ``[B]``: ``sum`` normalises the weighted raw sum per group; ``gdpo`` each reward first."""
+        if self.aggregation == "sum":
+            return group_advantages(self.total(scores), group_ids, self.std_scope, self.eps)
+        return gdpo_advantages(self.components(scores), self.weights, group_ids, self.eps)
