@@ -5,7 +5,7 @@ returns a :class:`Rollout` (or a :class:`TreeRollout`).
 """
 
 from samplers.cfg import guided_velocity
-from samplers.conditioning import concat_rows, select_rows
+from samplers.conditioning import broadcast_rows, concat_rows, num_rows, select_rows
 from samplers.meanflow import meanflow_sample
 from samplers.ode import dpm_solver_2m, euler, heun
 from samplers.rollout import AverageVelocityFn, Rollout, TreeRollout, VelocityFn
@@ -15,6 +15,7 @@ from samplers.sde import (
     gaussian_log_prob,
     sde_sample,
     sde_step,
+    sliding_window,
     stochastic_steps,
     transition_log_prob,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "SDEStep",
     "TreeRollout",
     "VelocityFn",
+    "broadcast_rows",
     "concat_rows",
     "dpm_solver_2m",
     "euler",
@@ -36,10 +38,12 @@ __all__ = [
     "guided_velocity",
     "heun",
     "meanflow_sample",
+    "num_rows",
     "sde_sample",
     "sde_step",
     "select_rows",
     "shift_time",
+    "sliding_window",
     "stochastic_steps",
     "timesteps",
     "transition_log_prob",

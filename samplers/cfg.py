@@ -6,23 +6,24 @@ from typing import Any
 
 import torch
 
-from samplers.conditioning import concat_rows
+from samplers.conditioning import broadcast_rows, concat_rows
 from samplers.rollout import VelocityFn
 
 
 def guided_velocity(velocity: VelocityFn, guidance_scale: float, unconditional: Any) -> VelocityFn:
     """``v = v_u + w (v_c - v_u)``, both branches in one batched call of ``velocity``.
 
-    ``unconditional`` is the conditioning of the empty prompt with as many rows
-    as the ``cond`` the guided function will be called with. ``w = 1`` is no
-    guidance: ``velocity`` itself is returned, so there is no second forward.
+    ``unconditional`` is the conditioning of the empty prompt, either with as
+    many rows as the ``cond`` the guided function is called with or with one
+    row shared by all (what tree samplers need: their frontier grows). ``w = 1``
+    is no guidance: ``velocity`` itself is returned, so there is no second forward.
     """
     if guidance_scale == 1.0:
         return velocity
 
     def guided(x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         doubled_t = torch.cat([t, t]) if t.ndim else t
-        v_cond, v_uncond = velocity(torch.cat([x, x]), doubled_t, concat_rows(cond, unconditional)).chunk(2)
+        v_cond, v_uncond = velocity(torch.cat([x, x]), doubled_t, concat_rows(cond, broadcast_rows(unconditional, x.shape[0]))).chunk(2)
         return v_uncond + guidance_scale * (v_cond - v_uncond)
 
     return guided

@@ -39,3 +39,25 @@ def concat_rows(first: Any, second: Any) -> Any:
             raise ValueError(f"cannot stack conditionings of lengths {len(first)} and {len(second)}")
         return type(first)(concat_rows(a, b) for a, b in zip(first, second))
     return first
+
+
+def num_rows(cond: Any) -> int | None:
+    """The batch size of ``cond`` (first dimension of its first tensor), or None when it holds no tensor."""
+    if isinstance(cond, torch.Tensor):
+        return cond.shape[0]
+    values = cond.values() if isinstance(cond, dict) else cond if isinstance(cond, (tuple, list)) else ()
+    for value in values:
+        rows = num_rows(value)
+        if rows is not None:
+            return rows
+    return None
+
+
+def broadcast_rows(cond: Any, rows: int) -> Any:
+    """``cond`` with ``rows`` rows: unchanged when it has them, its one row repeated when it has one."""
+    have = num_rows(cond)
+    if have is None or have == rows:
+        return cond
+    if have == 1:
+        return select_rows(cond, torch.zeros(rows, dtype=torch.long))
+    raise ValueError(f"conditioning has {have} rows; expected {rows} or 1 (shared by every row)")

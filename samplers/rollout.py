@@ -42,7 +42,9 @@ class TreeRollout:
     roots (depth 0) are the initial noises. Every other node has one parent
     and one incoming transition, described by the node itself:
     ``edge_log_probs[n]`` (log-density of ``parent -> n``, averaged over
-    dimensions; 0 for roots and deterministic steps), ``edge_trainable[n]``.
+    dimensions; 0 for roots and deterministic steps), ``edge_noise_levels[n]``
+    (the SDE noise level it was drawn with, split or regular; 0 when
+    deterministic, what re-scoring the edge needs), ``edge_trainable[n]``.
     ``tree[n]`` is the prompt (row of the conditioning) the node belongs to.
     Leaves are the final samples, ``leaf_nodes`` lists them tree by tree in
     branch order. ``nfe_per_tree`` counts network evaluations of one tree.
@@ -53,6 +55,7 @@ class TreeRollout:
     depth: torch.Tensor
     tree: torch.Tensor
     edge_log_probs: torch.Tensor
+    edge_noise_levels: torch.Tensor
     edge_trainable: torch.Tensor
     timesteps: torch.Tensor
     leaf_nodes: torch.Tensor

@@ -60,7 +60,7 @@ def sde_step(
     x: torch.Tensor,
     t: torch.Tensor | float,
     t_next: torch.Tensor | float,
-    noise_level: float,
+    noise_level: float | torch.Tensor,
     variant: str = "flow",
     x_next: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
@@ -69,21 +69,23 @@ def sde_step(
 
     With ``x_next`` given, its log-probability is evaluated (re-scoring);
     otherwise ``x_next = mean + scale * noise`` (``noise`` standard normal,
-    drawn when absent). ``t`` and ``t_next`` are scalars or ``[B]``. The
-    scale must be positive: a deterministic step is an ODE step, not this.
+    drawn when absent). ``t``, ``t_next`` and ``noise_level`` are scalars or
+    ``[B]`` (a tree's edges carry their own level). The scale must be
+    positive: a deterministic step is an ODE step, not this.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown SDE variant {variant!r}; allowed: {VARIANTS}")
     x, v = x.float(), v.float()
     sigma, sigma_next = _column(t, x), _column(t_next, x)
     dt = sigma_next - sigma
+    level = _column(noise_level, x)
     if variant == "flow":
         denominator = 1 - torch.where(sigma == 1, sigma_next, sigma)
-        std = noise_level * torch.sqrt(sigma / denominator)
+        std = level * torch.sqrt(sigma / denominator)
         mean = x * (1 + std**2 * dt / (2 * sigma)) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
         scale = std * torch.sqrt(-dt)
     else:
-        scale = sigma_next * math.sin(noise_level * math.pi / 2)
+        scale = sigma_next * torch.sin(level * math.pi / 2)
         predicted_data = x - sigma * v
         predicted_noise = x + (1 - sigma) * v
         mean = (1 - sigma_next) * predicted_data + torch.sqrt(sigma_next**2 - scale**2) * predicted_noise
@@ -113,10 +115,28 @@ def stochastic_steps(
     if noise_level <= 0:
         return steps
     start, end = window if window is not None else (0, num_steps)
-    if not 0 <= start < end:
-        raise ValueError(f"SDE window must satisfy 0 <= start < end, got {window}")
+    if not 0 <= start < end or start >= num_steps - 1:
+        raise ValueError(
+            f"SDE window {window} must satisfy 0 <= start < end and start < {num_steps - 1} "
+            f"(the last of {num_steps} steps is never stochastic)"
+        )
     steps[start : min(end, num_steps - 1)] = True
     return steps
+
+
+def sliding_window(iteration: int, size: int, num_steps: int, stride: int = 1, every: int = 1) -> tuple[int, int]:
+    """The SDE window ``(start, start + size)`` at a training iteration (MixGRPO's moving window).
+
+    ``start = (iteration // every * stride) mod (num_steps - size)``: the
+    window slides ``stride`` steps every ``every`` iterations over the steps
+    ``0 .. num_steps - 2`` (the last step is never stochastic) and wraps.
+    """
+    if not 1 <= size <= num_steps - 1:
+        raise ValueError(f"window size {size} must lie in [1, {num_steps - 1}] for {num_steps} steps")
+    if stride < 1 or every < 1:
+        raise ValueError(f"stride and every must be >= 1, got stride={stride}, every={every}")
+    start = (iteration // every * stride) % (num_steps - size)
+    return start, start + size
 
 
 def draw_noise(
@@ -134,7 +154,7 @@ def sde_sample(
     cond: Any = None,
     noise_level: float = 0.7,
     variant: str = "flow",
-    window: tuple[int, int] | None = None,
+    sde_window: tuple[int, int] | None = None,
     generator: torch.Generator | None = None,
 ) -> Rollout:
     """Flow-SDE (or CPS) rollouts keeping every latent and log-probability.
@@ -143,7 +163,7 @@ def sde_sample(
     The velocity sees states in ``noise``'s dtype; latents are kept in float32.
     """
     num_steps = len(timesteps) - 1
-    stochastic = stochastic_steps(num_steps, noise_level, window)
+    stochastic = stochastic_steps(num_steps, noise_level, sde_window)
     x = noise.float()
     latents = [x]
     log_probs = torch.zeros(noise.shape[0], num_steps, device=noise.device)
@@ -176,7 +196,7 @@ def transition_log_prob(
     t: torch.Tensor,
     t_next: torch.Tensor,
     cond: Any,
-    noise_level: float,
+    noise_level: float | torch.Tensor,
     variant: str = "flow",
     input_dtype: torch.dtype | None = None,
 ) -> SDEStep:
@@ -185,7 +205,9 @@ def transition_log_prob(
     Gradients flow through the velocity (the GRPO ratio); the arithmetic is
     :func:`sde_step`'s, so re-scoring a rollout's own transitions with the
     sampling weights, the same batch and the same ``input_dtype`` (the dtype
-    of the sampler's noise) returns its stored log-probabilities exactly.
+    the sampler fed the network: ``rollout.x0.dtype``) returns its stored
+    log-probabilities exactly. ``t`` and ``t_next`` are moved to ``x``'s device.
     """
+    t, t_next = t.to(x.device), t_next.to(x.device)
     v = velocity(x.to(input_dtype or x.dtype), t, cond)
     return sde_step(v, x, t, t_next, noise_level, variant, x_next=x_next)

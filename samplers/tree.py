@@ -70,6 +70,7 @@ def tree_sample(
         [frontier],
     )
     log_probs = [torch.zeros(num_trees, device=device)]
+    edge_levels = [torch.zeros(num_trees, device=device)]
     trainable = [torch.zeros(num_trees, dtype=torch.bool, device=device)]
     frontier_tree = frontier
     next_id = num_trees
@@ -92,6 +93,7 @@ def tree_sample(
             new_x, new_log_probs = step.x_next, step.log_prob
             new_trainable = torch.ones(x.shape[0], dtype=torch.bool, device=device)
         else:
+            level = 0.0
             new_x = x + (t_next - t).float() * v
             new_log_probs = torch.zeros(x.shape[0], device=device)
             new_trainable = torch.zeros(x.shape[0], dtype=torch.bool, device=device)
@@ -101,6 +103,7 @@ def tree_sample(
         depths.append(torch.full_like(new_ids, index + 1))
         states.append(new_x)
         log_probs.append(new_log_probs)
+        edge_levels.append(torch.full((x.shape[0],), float(level), device=device))
         trainable.append(new_trainable)
         frontier, frontier_x, frontier_tree = new_ids, new_x, trees[-1]
         next_id += x.shape[0]
@@ -110,6 +113,7 @@ def tree_sample(
         depth=torch.cat(depths),
         tree=torch.cat(trees),
         edge_log_probs=torch.cat(log_probs),
+        edge_noise_levels=torch.cat(edge_levels),
         edge_trainable=torch.cat(trainable),
         timesteps=timesteps,
         leaf_nodes=frontier,

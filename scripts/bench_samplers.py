@@ -31,20 +31,19 @@ from samplers import (
     meanflow_sample,
     sde_sample,
     timesteps,
-    tree_nfe,
     tree_sample,
 )
 
 
-def timed(function, repeats: int) -> float:
-    """Median wall time of ``function()`` over ``repeats`` runs, after one warm-up run."""
-    function()
+def timed(function, repeats: int):
+    """``(median wall time, last result)`` of ``function()`` over ``repeats`` runs, after one warm-up run."""
+    result = function()
     durations = []
     for _ in range(repeats):
         start = time.perf_counter()
-        function()
+        result = function()
         durations.append(time.perf_counter() - start)
-    return statistics.median(durations)
+    return statistics.median(durations), result
 
 
 def main() -> None:
@@ -77,30 +76,24 @@ def main() -> None:
 
     with torch.no_grad():
         t_mid = torch.full((args.batch,), 0.5)
-        forward = timed(lambda: velocity(noise, t_mid, cond), args.repeats * 5)
+        forward, _ = timed(lambda: velocity(noise, t_mid, cond), args.repeats * 5)
         samplers = {
-            "euler": (lambda: euler(velocity, noise, grid, cond), args.steps),
-            "heun": (lambda: heun(velocity, noise, grid, cond), 2 * args.steps),
-            "dpm_solver_2m": (lambda: dpm_solver_2m(velocity, noise, grid, cond), args.steps),
-            "euler_cfg4.5": (
-                lambda: euler(guided_velocity(velocity, 4.5, uncond), noise, grid, cond),
-                args.steps,
+            "euler": lambda: euler(velocity, noise, grid, cond),
+            "heun": lambda: heun(velocity, noise, grid, cond),
+            "dpm_solver_2m": lambda: dpm_solver_2m(velocity, noise, grid, cond),
+            "euler_cfg4.5": lambda: euler(guided_velocity(velocity, 4.5, uncond), noise, grid, cond),
+            "flow_sde": lambda: sde_sample(
+                velocity, noise, grid, cond, generator=torch.Generator().manual_seed(0)
             ),
-            "flow_sde": (
-                lambda: sde_sample(velocity, noise, grid, cond, generator=torch.Generator().manual_seed(0)),
-                args.steps,
+            "cps_sde": lambda: sde_sample(
+                velocity, noise, grid, cond, variant="cps", generator=torch.Generator().manual_seed(0)
             ),
-            "cps_sde": (
-                lambda: sde_sample(
-                    velocity, noise, grid, cond, variant="cps", generator=torch.Generator().manual_seed(0)
-                ),
-                args.steps,
-            ),
-            "meanflow_4step": (lambda: meanflow_sample(average_velocity, noise, timesteps(4), cond), 4),
+            "meanflow_4step": lambda: meanflow_sample(average_velocity, noise, timesteps(4), cond),
         }
         rows = []
-        for name, (run, nfe) in samplers.items():
-            seconds = timed(run, args.repeats)
+        for name, run in samplers.items():
+            seconds, rollout = timed(run, args.repeats)
+            nfe = rollout.nfe
             rows.append(
                 {
                     "sampler": name,
@@ -117,7 +110,7 @@ def main() -> None:
         tree_cond = model.encode_prompts(prompts[:trees])
         flat_noise = seeded_noise(range(trees * leaves), (3, 32, 32))
         flat_cond = model.encode_prompts([p for p in prompts[:trees] for _ in range(leaves)])
-        tree_seconds = timed(
+        tree_seconds, tree = timed(
             lambda: tree_sample(
                 velocity,
                 tree_noise,
@@ -129,7 +122,7 @@ def main() -> None:
             ),
             args.repeats,
         )
-        flat_seconds = timed(
+        flat_seconds, flat = timed(
             lambda: sde_sample(
                 velocity, flat_noise, grid, flat_cond, generator=torch.Generator().manual_seed(0)
             ),
@@ -141,8 +134,8 @@ def main() -> None:
         "leaves_per_tree": leaves,
         "split_steps": args.tree_splits,
         "branching": args.branching,
-        "tree_nfe_per_image": tree_nfe(args.steps, args.tree_splits, args.branching) / leaves,
-        "flat_nfe_per_image": args.steps,
+        "tree_nfe_per_image": tree.nfe_per_tree / leaves,
+        "flat_nfe_per_image": flat.nfe,
         "tree_seconds": tree_seconds,
         "flat_seconds": flat_seconds,
         "tree_over_flat_time": tree_seconds / flat_seconds,

@@ -15,6 +15,7 @@ from samplers import (
     sde_sample,
     sde_step,
     select_rows,
+    sliding_window,
     stochastic_steps,
     timesteps,
     transition_log_prob,
@@ -124,7 +125,21 @@ def test_cfg_off_is_one_forward_and_on_is_one_batched_forward(noise):
     torch.testing.assert_close(guided, v + 3.0 * (2 * v - v))
 
 
-def test_sde_with_zero_noise_is_euler_step_for_step(noise):
+@pytest.mark.parametrize("variant", ["flow", "cps"])
+def test_sde_step_tends_to_the_euler_step_as_the_noise_vanishes(variant):
+    generator = torch.Generator().manual_seed(0)
+    x, v = torch.randn(4, 8, generator=generator), torch.randn(4, 8, generator=generator)
+    t, t_next = 0.6, 0.5
+    euler_step = x + (t_next - t) * v
+    gaps = [
+        (sde_step(v, x, t, t_next, level, variant).mean - euler_step).abs().max().item()
+        for level in (1e-1, 1e-2, 1e-3)
+    ]
+    # Flow-SDE's mean differs from Euler by O(a^2); CPS's by O(a^2) as well (sqrt(t^2 - s^2) ~ t - s^2 / 2t).
+    assert gaps[0] > 10 * gaps[1] > 100 * gaps[2] and gaps[2] < 1e-5, gaps
+
+
+def test_sde_with_zero_noise_level_runs_the_ode(noise):
     schedule = timesteps(10)
     sde = sde_sample(gaussian_velocity, noise.float(), schedule, noise_level=0.0)
     ode = euler(gaussian_velocity, noise.float(), schedule, keep_latents=True)
@@ -215,14 +230,25 @@ def test_window_and_last_step_decide_what_is_stochastic(noise):
     assert stochastic_steps(10, 0.7, window=(7, 20)).nonzero().flatten().tolist() == [7, 8]
     with pytest.raises(ValueError, match="window"):
         stochastic_steps(10, 0.7, window=(5, 5))
+    with pytest.raises(ValueError, match="window"):
+        stochastic_steps(10, 0.7, window=(9, 12))  # starts at the last step: nothing would be trained
     schedule = timesteps(10)
     rollout = sde_sample(
-        gaussian_velocity, noise.float(), schedule, window=(2, 5), generator=torch.Generator().manual_seed(0)
+        gaussian_velocity, noise.float(), schedule, sde_window=(2, 5), generator=torch.Generator().manual_seed(0)
     )
     ode = euler(gaussian_velocity, noise.float(), schedule, keep_latents=True)
     torch.testing.assert_close(rollout.latents[:, :3], ode.latents[:, :3], rtol=0, atol=0)
     assert (rollout.log_probs[:, [0, 1, 5, 6, 7, 8, 9]] == 0).all()
     assert (rollout.log_probs[:, 2:5] != 0).all()
+
+
+def test_sliding_window_moves_and_wraps_inside_the_trainable_steps():
+    windows = [sliding_window(iteration, 3, 10, stride=2, every=2) for iteration in range(12)]
+    assert windows[:6] == [(0, 3), (0, 3), (2, 5), (2, 5), (4, 7), (4, 7)]
+    assert all(0 <= start and end <= 9 for start, end in windows)  # never the last step
+    assert windows[8] == (1, 4)  # 4 * 2 = 8 wraps modulo 10 - 3
+    with pytest.raises(ValueError, match="window size"):
+        sliding_window(0, 10, 10)
 
 
 class TinyVelocity(torch.nn.Module):
@@ -329,8 +355,19 @@ def test_tree_edges_rescore_to_ratio_one():
     model = TinyVelocity()
     noise = torch.randn(2, 8, generator=torch.Generator().manual_seed(11))
     cond = torch.tensor([0.8, 1.2])
-    tree = tree_sample(model, noise, timesteps(6), cond, [1, 3], generator=torch.Generator().manual_seed(12))
+    tree = tree_sample(
+        model,
+        noise,
+        timesteps(6),
+        cond,
+        [1, 3],
+        noise_level=0.5,
+        split_noise_level=0.75,
+        generator=torch.Generator().manual_seed(12),
+    )
     children = tree.edge_trainable.nonzero().flatten()
+    assert set(tree.edge_noise_levels[children].tolist()) == {0.5, 0.75}
+    assert (tree.edge_noise_levels[tree.depth == 2] == 0.75).all()  # step 1 is a split
     for depth in tree.depth[children].unique().tolist():
         nodes = children[tree.depth[children] == depth]
         parents = tree.parent[nodes]
@@ -344,9 +381,31 @@ def test_tree_edges_rescore_to_ratio_one():
             tree.timesteps[depth - 1].expand(len(nodes)),
             tree.timesteps[depth].expand(len(nodes)),
             cond[tree.tree[nodes]],
-            0.7,
+            tree.edge_noise_levels[nodes],
         )
         torch.testing.assert_close(rescored.log_prob, tree.edge_log_probs[nodes], rtol=0, atol=1e-6)
+
+
+def test_cfg_with_a_shared_unconditional_row_follows_the_growing_tree_frontier():
+    model = TinyVelocity()
+    calls = []
+
+    def counted(x, t, cond):
+        calls.append(x.shape[0])
+        return model(x, t, cond)
+
+    noise = torch.randn(2, 8, generator=torch.Generator().manual_seed(13))
+    cond, uncond = torch.tensor([0.8, 1.2]), torch.tensor([0.1])  # one unconditional row for every node
+    guided = guided_velocity(counted, 2.5, uncond)
+    tree = tree_sample(guided, noise, timesteps(4), cond, [0, 1], generator=torch.Generator().manual_seed(14))
+    assert calls == [2 * 2, 2 * 4, 2 * 8, 2 * 8]  # conditional and unconditional halves of the frontier
+    x, t = torch.randn(3, 8), torch.full((3,), 0.5)
+    rows = torch.tensor([0.8, 1.2, 0.8])
+    expected = model(x, t, torch.full((3,), 0.1)) + 2.5 * (model(x, t, rows) - model(x, t, torch.full((3,), 0.1)))
+    torch.testing.assert_close(guided(x, t, rows), expected)
+    assert tree.x0.shape == (8, 8)
+    with pytest.raises(ValueError, match="rows"):
+        guided_velocity(model, 2.0, torch.ones(2))(x, t, rows)
 
 
 def test_tree_rejects_splits_at_the_last_step():
