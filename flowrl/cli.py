@@ -8,6 +8,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import torch
 import yaml
 
 from flowrl.evaluation import evaluate, write_evaluation
@@ -58,14 +59,25 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def _parse_settings(pairs: list[str]) -> dict[str, object]:
-    """``["key=value", ...]`` to a dict; values are read as YAML scalars (numbers, booleans, strings)."""
-    settings = {}
+    """``["key=value", ...]`` to a dict; values are read as YAML scalars (numbers, booleans, strings).
+
+    ``dtype=NAME`` becomes the torch dtype (one of :data:`DTYPES`).
+    """
+    settings: dict[str, object] = {}
     for pair in pairs:
         key, separator, value = pair.partition("=")
         if not separator or not key:
             raise ValueError(f"setting {pair!r} is not key=value")
-        settings[key] = yaml.safe_load(value)
+        if key == "dtype":
+            if value not in DTYPES:
+                raise ValueError(f"setting dtype={value!r} is not allowed; allowed: {sorted(DTYPES)}")
+            settings[key] = DTYPES[value]
+        else:
+            settings[key] = yaml.safe_load(value)
     return settings
 
 

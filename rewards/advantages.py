@@ -22,12 +22,13 @@ STD_SCOPES = ("batch", "group")
 
 def _group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample mean and (population) std of its group."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
+    _, inverse = torch.unique(group_ids.to(values.device), return_inverse=True)
     groups = int(inverse.max()) + 1
-    counts = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, torch.ones_like(values))
-    means = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, values) / counts
+    zeros = torch.zeros(groups, dtype=values.dtype, device=values.device)
+    counts = zeros.clone().index_add_(0, inverse, torch.ones_like(values))
+    means = zeros.clone().index_add_(0, inverse, values) / counts
     centered = values - means[inverse]
-    variances = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, centered**2) / counts
+    variances = zeros.clone().index_add_(0, inverse, centered**2) / counts
     return means[inverse], variances.sqrt()[inverse]
 
 

@@ -46,6 +46,8 @@ class LaionAesthetic:
     (``timm/vit_large_patch14_clip_224.openai/open_clip_pytorch_model.bin``), and
     ``head_checkpoint`` or ``trl-lib/ddpo-aesthetic-predictor/aesthetic-model.pth``
     (the same MLP as ``sac+logos+ava1-l14-linearMSE.pth``), from the Hugging Face cache.
+    OpenAI's CLIP uses QuickGELU, hence the ``-quickgelu`` open_clip architecture:
+    plain ``ViT-L-14`` would load the same weights without error and embed wrongly.
     """
 
     modality = "image"
@@ -54,7 +56,7 @@ class LaionAesthetic:
         self,
         clip_checkpoint: str | Path | None = None,
         head_checkpoint: str | Path | None = None,
-        model_name: str = "ViT-L-14",
+        model_name: str = "ViT-L-14-quickgelu",
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-_QUOTED = re.compile(r"[\"“'‘](.+?)[\"”'’]")
+#: A quoted span: "...", “...”, ‘...’, or '...' whose quotes are not inside a word
+#: (so the apostrophes of "don't" or "Joe's" neither open nor close a span).
+_QUOTED = re.compile(r"\"(.+?)\"|“(.+?)”|‘(.+?)’|(?<!\w)'(.+?)'(?!\w)")
 
 
 def target_text(prompt: str, metadata: Mapping[str, Any]) -> str:
@@ -29,7 +31,7 @@ def target_text(prompt: str, metadata: Mapping[str, Any]) -> str:
     match = _QUOTED.search(prompt)
     if match is None:
         raise ValueError(f"ocr reward: no target text in metadata['text'] nor in quotes in prompt {prompt!r}")
-    return match.group(1)
+    return next(group for group in match.groups() if group is not None)
 
 
 def _normalise(text: str) -> str:

@@ -113,7 +113,8 @@ def describe_rewards() -> list[RewardInfo]:
 
     A class reward may define ``weights_status() -> str`` (a classmethod), e.g.
     ``"present: /path"`` or ``"missing: download ... to ..."``; otherwise
-    ``"not needed"``. Plugins that fail to load are listed with the error.
+    ``"not needed"``. Rewards that fail to import (a plugin, or a built-in whose
+    optional dependency is missing) are listed with the error and their source.
     """
     rows = []
     for name in available_rewards():
@@ -121,7 +122,7 @@ def describe_rewards() -> list[RewardInfo]:
         try:
             factory = resolve_reward(name)
         except ValueError as error:
-            rows.append(RewardInfo(name, "?", f"plugin failed to load: {error}", source))
+            rows.append(RewardInfo(name, "?", f"{source} reward failed to load: {error}", source))
             continue
         status = factory.weights_status() if hasattr(factory, "weights_status") else "not needed"
         rows.append(RewardInfo(name, getattr(factory, "modality", "image"), status, source))

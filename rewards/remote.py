@@ -7,7 +7,9 @@ Protocol (version 1), media as base64-encoded 8-bit PNG, never pickle:
                   "images": [png_b64]                       (image rewards)
                   | "videos": [[png_b64 per frame]]}        (video rewards)
              -> {"scores": {label: [float]}}     one list per sub-score, one value per item
-             -> 4xx/5xx {"error": message}       bad request / reward failure
+             -> 400 {"error": message}           malformed request, wrong modality
+             -> 422 {"error": message}           the reward broke its contract (NaN, shape)
+             -> 503 {"error": message}           the reward raised (may be transient)
 
 The reference server is ``flowrl reward-server`` (``rewards.server``); any
 other service speaking this protocol works too, e.g. ImageReward in its own
@@ -30,6 +32,8 @@ from PIL import Image
 from rewards.base import RewardError, checked_scores
 
 PROTOCOL_VERSION = 1
+#: HTTP answers worth retrying: a gateway or the reward is (perhaps briefly) unavailable.
+RETRIED_STATUSES = (502, 503, 504)
 
 
 def encode_image(image: torch.Tensor) -> str:
@@ -70,9 +74,11 @@ def decode_media(body: Mapping[str, Any]) -> tuple[torch.Tensor, str]:
 class RemoteReward:
     """Client of a reward server: batching, a timeout per request, bounded retries with backoff.
 
-    Connection errors, timeouts and 5xx answers are retried ``retries`` times
-    with exponential backoff (``backoff * 2^k`` seconds); a 4xx answer or a
-    server that stays down is a :class:`~rewards.base.RewardError`.
+    Transient failures (connection errors, timeouts, HTTP 502/503/504) are
+    retried ``retries`` times with exponential backoff (``backoff * 2^k``
+    seconds); any other error answer, or a server that stays down, is a
+    :class:`~rewards.base.RewardError`. Use it as a context manager (or call
+    :meth:`close`) to release its connections.
     """
 
     def __init__(
@@ -95,6 +101,16 @@ class RemoteReward:
         self.batch_size, self.retries, self.backoff = batch_size, retries, backoff
         self.client = httpx.Client(timeout=timeout)
 
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.client.close()
+
+    def __enter__(self) -> RemoteReward:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def health(self) -> dict[str, Any]:
         """The server's ``/health`` answer."""
         return self._request("GET", "/health", None)
@@ -106,10 +122,10 @@ class RemoteReward:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 response = self.client.request(method, self.url + path, json=body)
-            except httpx.HTTPError as error:
+            except httpx.TransportError as error:
                 last_error = f"{type(error).__name__}: {error}"
                 continue
-            if response.status_code >= 500:
+            if response.status_code in RETRIED_STATUSES:
                 last_error = f"HTTP {response.status_code}: {response.text[:500]}"
                 continue
             if response.status_code >= 400:
@@ -124,6 +140,8 @@ class RemoteReward:
     def __call__(
         self, media: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> dict[str, torch.Tensor]:
+        if media.shape[0] == 0:
+            raise RewardError(f"remote reward {self.url} was given an empty batch")
         parts: list[dict[str, torch.Tensor]] = []
         for start in range(0, media.shape[0], self.batch_size):
             stop = start + self.batch_size

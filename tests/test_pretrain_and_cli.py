@@ -155,3 +155,18 @@ def test_shipped_base_model_loads_and_generates():
 
     images = generate(model, ["a red circle"], [0], num_steps=2)
     assert images.shape == (1, 3, 32, 32)
+
+
+def test_reward_settings_parse_yaml_scalars_and_dtypes():
+    from flowrl.cli import _parse_settings
+
+    assert _parse_settings(["scale=3", "name=ViT-B-32", "flag=true", "dtype=bfloat16"]) == {
+        "scale": 3,
+        "name": "ViT-B-32",
+        "flag": True,
+        "dtype": torch.bfloat16,
+    }
+    with pytest.raises(ValueError, match="dtype='half' is not allowed; allowed"):
+        _parse_settings(["dtype=half"])
+    with pytest.raises(ValueError, match="not key=value"):
+        _parse_settings(["scale"])

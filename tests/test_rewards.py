@@ -1,11 +1,12 @@
 """The reward layer: registry and plugins, boundary checks, multi-reward aggregation, built-ins, async scoring."""
 
+import inspect
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
+import open_clip
 import pytest
 import torch
 
@@ -22,7 +23,9 @@ from rewards import (
     register,
     score,
 )
+from rewards.aesthetic import LaionAesthetic
 from rewards.jpeg import jpeg_kilobytes
+from rewards.ocr import target_text
 from rewards.testing import (
     TINY_CLIP,
     offline_clip_tokenizer,
@@ -98,13 +101,17 @@ def test_entry_point_plugin_is_discovered_by_name(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-reward-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[flowrl.rewards]\nredness = my_reward_plugin:Redness\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert "redness" in rewards.available_rewards()
-    batch = images()
-    torch.testing.assert_close(build_reward("redness")(batch, PROMPTS, META), batch[:, 0].mean(dim=(1, 2)))
-    row = next(row for row in describe_rewards() if row.name == "redness")
-    assert (row.modality, row.source) == ("image", "registered")  # loaded, so now registered
-    rewards.registry._REGISTRY.pop("redness")
-    sys.modules.pop("my_reward_plugin", None)
+    try:
+        assert "redness" in rewards.available_rewards()
+        batch = images()
+        torch.testing.assert_close(
+            build_reward("redness")(batch, PROMPTS, META), batch[:, 0].mean(dim=(1, 2))
+        )
+        row = next(row for row in describe_rewards() if row.name == "redness")
+        assert (row.modality, row.source) == ("image", "registered")  # loaded, so now registered
+    finally:
+        rewards.registry._REGISTRY.pop("redness", None)
+        sys.modules.pop("my_reward_plugin", None)
 
 
 def test_listing_shows_modality_and_weights():
@@ -115,6 +122,18 @@ def test_listing_shows_modality_and_weights():
 
 
 # --- boundary checks -----------------------------------------------------------------------------
+
+
+def test_media_of_the_wrong_modality_is_refused_before_the_reward_runs():
+    def never(media, prompts, metadata):
+        raise AssertionError("the reward must not see bad media")
+
+    videos = images(8).view(2, 4, 3, 32, 32)
+    with pytest.raises(RewardError, match=r"expects media \[B, 3, H, W\], got shape \(2, 4, 3, 32, 32\)"):
+        score("never", never, videos, PROMPTS[:2], META[:2])
+    never.modality = "video"
+    with pytest.raises(RewardError, match=r"expects media \[B, T, 3, H, W\], got shape \(4, 3, 32, 32\)"):
+        score("never", never, images(), PROMPTS, META)
 
 
 def test_nan_wrong_shape_and_exceptions_are_clear_errors():
@@ -201,6 +220,37 @@ def test_multireward_scores_weights_and_aggregates():
     torch.testing.assert_close(
         multi.advantages(scores, groups), group_advantages(multi.total(scores), groups)
     )
+
+
+def test_multireward_gdpo_advantages_normalise_each_reward_in_its_group():
+    multi = MultiReward({"test_brightness": 1.0, "jpeg_incompressibility": 0.5}, aggregation="gdpo")
+    batch = images()
+    scores = multi(batch, PROMPTS, META)
+    groups = torch.tensor([0, 0, 1, 1])
+    torch.testing.assert_close(
+        multi.advantages(scores, groups),
+        gdpo_advantages(
+            {"test_brightness": scores["test_brightness"], "jpeg_incompressibility": scores["jpeg_incompressibility"]},
+            {"test_brightness": 1.0, "jpeg_incompressibility": 0.5},
+            groups,
+        ),
+    )
+    assert not torch.allclose(multi.advantages(scores, groups), group_advantages(multi.total(scores), groups))
+
+
+def test_ocr_target_text_survives_apostrophes():
+    assert target_text("a mug reading 'Don't panic'", {}) == "Don't panic"
+    assert target_text("Joe's cafe sign with 'HELLO' on it", {}) == "HELLO"
+    assert target_text('a sign that says "OPEN"', {}) == "OPEN"
+    assert target_text("a card saying “hi there”", {}) == "hi there"
+    assert target_text("no quotes here", {"text": "META"}) == "META"
+    with pytest.raises(ValueError, match="no target text"):
+        target_text("Joe's cafe", {})
+
+
+def test_aesthetic_default_architecture_uses_openai_quickgelu():
+    default = inspect.signature(LaionAesthetic).parameters["model_name"].default
+    assert open_clip.get_model_config(default)["quick_gelu"] is True
 
 
 def test_multireward_rejects_bad_settings():
@@ -357,17 +407,20 @@ def test_temporal_consistency_prefers_steady_clips(tmp_path):
 
 
 def test_async_scoring_overlaps_and_returns_the_same_scores():
-    def slow(media, prompts, metadata):
-        time.sleep(0.3)
+    started, release = threading.Event(), threading.Event()
+
+    def gated(media, prompts, metadata):
+        started.set()
+        assert release.wait(timeout=10), "the caller never released the reward"
         return media.mean(dim=(1, 2, 3))
 
     batch = images()
-    with AsyncScorer(slow) as scorer:
-        start = time.perf_counter()
+    with AsyncScorer(gated) as scorer:
         future = scorer.submit(batch, PROMPTS, META)
-        assert time.perf_counter() - start < 0.1 and not future.done()
-        busy = sum(range(10000))  # the caller keeps working meanwhile
-        assert torch.equal(future.result(timeout=5), batch.mean(dim=(1, 2, 3))) and busy
+        # submit() returned while the reward is still running: the caller works meanwhile.
+        assert started.wait(timeout=10) and not future.done()
+        release.set()
+        assert torch.equal(future.result(timeout=10), batch.mean(dim=(1, 2, 3)))
 
     def failing(media, prompts, metadata):
         raise ValueError("bad batch")
