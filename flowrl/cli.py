@@ -1,4 +1,4 @@
-"""The ``flowrl`` command line: ``flowrl sample``, ``flowrl eval``, ``flowrl pretrain-shapes``."""
+"""The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``rewards``, ``reward-server``, ``pretrain-shapes``."""
 
 from __future__ import annotations
 
@@ -95,6 +95,13 @@ def _reward_server(args: argparse.Namespace) -> None:
     serve(args.reward, build_reward(args.reward, **_parse_settings(args.setting)), args.host, args.port)
 
 
+def _train(args: argparse.Namespace) -> None:
+    from flowrl.config import load_config
+    from flowrl.trainer import train
+
+    train(load_config(args.config, args.overrides))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``flowrl`` subcommand."""
     parser = argparse.ArgumentParser(prog="flowrl", description=__doc__)
@@ -144,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
         )
     pretrain.set_defaults(run=_pretrain_shapes)
+
+    train = commands.add_parser("train", help="online RL fine-tuning from a YAML config")
+    train.add_argument("config", help="YAML config file (see configs/)")
+    train.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. training.steps=50")
+    train.set_defaults(run=_train)
     return parser
 
 

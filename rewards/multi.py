@@ -23,7 +23,7 @@ import torch
 
 from rewards.advantages import STD_SCOPES, gdpo_advantages, group_advantages
 from rewards.base import modality_of, score
-from rewards.registry import build_reward
+from rewards.registry import available_rewards, build_reward
 
 AGGREGATIONS = ("sum", "gdpo")
 
@@ -39,14 +39,28 @@ class RewardEntry:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _entry(name: str, spec: float | Mapping[str, Any]) -> RewardEntry:
-    if isinstance(spec, (int, float)):
-        spec = {"weight": float(spec)}
-    unknown = set(spec) - {"reward", "weight", "key", "settings"}
+ENTRY_FIELDS = ("reward", "weight", "key", "settings")
+
+
+def _normalised_spec(name: str, spec: Any) -> dict[str, Any]:
+    """An entry's spec as a mapping, its fields and types checked (nothing is built)."""
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return {"weight": float(spec)}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"reward entry {name!r} must be a weight or a mapping of {ENTRY_FIELDS}, got {spec!r}")
+    unknown = set(spec) - set(ENTRY_FIELDS)
     if unknown:
-        raise ValueError(
-            f"reward entry {name!r} has unknown fields {sorted(unknown)}; allowed: reward, weight, key, settings"
-        )
+        raise ValueError(f"reward entry {name!r} has unknown fields {sorted(unknown)}; allowed: {ENTRY_FIELDS}")
+    weight = spec.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise ValueError(f"reward entry {name!r} has weight {weight!r}; expected a number")
+    if not isinstance(spec.get("settings", {}), Mapping):
+        raise ValueError(f"reward entry {name!r} has settings {spec['settings']!r}; expected a mapping")
+    return dict(spec)
+
+
+def _entry(name: str, spec: float | Mapping[str, Any]) -> RewardEntry:
+    spec = _normalised_spec(name, spec)
     reward_name = spec.get("reward", name)
     settings = dict(spec.get("settings", {}))
     reward = build_reward(reward_name, **settings) if isinstance(reward_name, str) else reward_name
@@ -75,6 +89,22 @@ class MultiReward:
             raise ValueError(f"rewards of one MultiReward must share a modality, got {modalities}")
         self.modality = next(iter(modalities.values()))
         self.aggregation, self.std_scope, self.eps = aggregation, std_scope, eps
+
+    @staticmethod
+    def check_spec(rewards: Mapping[str, Any]) -> None:
+        """Check a spec as :class:`MultiReward` takes it without building any reward (no weights load).
+
+        Raises ``ValueError`` naming the entry for an empty spec, unknown fields,
+        a non-numeric weight or a reward name that is neither registered, a
+        plugin, nor a dotted path.
+        """
+        if not rewards:
+            raise ValueError("at least one reward is needed")
+        known = available_rewards()
+        for name, spec in rewards.items():
+            reward_name = _normalised_spec(name, spec).get("reward", name)
+            if isinstance(reward_name, str) and reward_name not in known and ":" not in reward_name:
+                raise ValueError(f"reward entry {name!r} names unknown reward {reward_name!r}; available: {known}")
 
     @property
     def weights(self) -> dict[str, float]:

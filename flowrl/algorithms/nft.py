@@ -1,0 +1,173 @@
+"""DiffusionNFT: negative-aware fine-tuning on the forward process (Zheng et al., 2025).
+
+Rollouts by the old policy ``v_old`` with any solver, CFG-free; only the clean
+samples ``x0`` and their group advantages ``A`` are kept. For a time ``t`` and
+fresh noise ``eps``, ``x_t = (1 - t) x0 + t eps`` and, with ``v_theta`` the
+trainable velocity and ``beta > 0``::
+
+    r    = clip(A, -c, c) / (2 c) + 1/2                      optimality probability in [0, 1]
+    v+   = beta v_theta + (1 - beta) v_old                   implicit positive policy
+    v-   = (1 + beta) v_old - beta v_theta                   implicit negative policy
+    x0±  = x_t - t v±                                        their clean-sample predictions
+    w±   = sg(mean |x0± - x0|)  (clipped below at 1e-5)      adaptive x0-space weights
+    L    = c * mean[ r ||x0+ - x0||² / w+ + (1 - r) ||x0- - x0||² / w- ] / beta
+           + lambda * mean ||v_theta - v_ref||²               small pull towards the reference
+
+(``||.||²`` is the mean over pixels). Without adaptive weighting ``w± = 1``.
+High-reward samples pull ``v_theta`` towards them, low-reward samples push it
+away through the negative policy. After each optimizer step the old policy
+moves towards the trained one: ``theta_old <- eta theta_old + (1 - eta) theta``
+with ``eta = min(rate * step, max)`` ("soft"), a copy every ``k`` steps
+("hard"), or no update for the first ``d`` steps and then soft ("delayed").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flowrl.algorithms.base import Policy, TrainBatch
+from flowrl.config import AlgorithmConfig
+
+ADAPTIVE_WEIGHT_MIN = 1e-5
+
+
+def optimality_probability(advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """``r = clip(A, -c, c) / (2 c) + 1/2``: advantage 0 -> 1/2, ``+c`` or more -> 1, ``-c`` or less -> 0."""
+    return advantages.clamp(-clip, clip) / (2 * clip) + 0.5
+
+
+def _pixel_mean(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=tuple(range(1, x.ndim)))
+
+
+@dataclass
+class NFTTerms:
+    """The loss and its parts, per sample ``[B]`` (before the batch mean)."""
+
+    loss: torch.Tensor
+    positive: torch.Tensor
+    negative: torch.Tensor
+    reference: torch.Tensor
+
+
+def nft_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    v_ref: torch.Tensor | None,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float,
+    advantage_clip: float,
+    reference_weight: float,
+    adaptive_weighting: bool = True,
+) -> NFTTerms:
+    """The DiffusionNFT loss of the module docstring, per sample; ``t`` is ``[B]``."""
+    v_old, x0 = v_old.detach().float(), x0.float()
+    v_theta, x_t = v_theta.float(), x_t.float()
+    t = t.float().reshape(-1, *([1] * (x0.ndim - 1)))
+    r = optimality_probability(advantages.float(), advantage_clip)
+    x0_positive = x_t - t * (beta * v_theta + (1 - beta) * v_old)
+    x0_negative = x_t - t * ((1 + beta) * v_old - beta * v_theta)
+    if adaptive_weighting:
+        with torch.no_grad():
+            weight_positive = _pixel_mean((x0_positive - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+            weight_negative = _pixel_mean((x0_negative - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+    else:
+        weight_positive = weight_negative = torch.ones_like(r)
+    positive = _pixel_mean((x0_positive - x0) ** 2) / weight_positive
+    negative = _pixel_mean((x0_negative - x0) ** 2) / weight_negative
+    policy = advantage_clip * (r * positive + (1 - r) * negative) / beta
+    reference = (
+        _pixel_mean((v_theta - v_ref.detach().float()) ** 2) if v_ref is not None else torch.zeros_like(r)
+    )
+    return NFTTerms(policy + reference_weight * reference, positive, negative, reference)
+
+
+def old_policy_decay(config: AlgorithmConfig, step: int) -> float | None:
+    """``eta`` of ``theta_old <- eta theta_old + (1 - eta) theta`` after optimizer step ``step`` (1-based).
+
+    ``None`` means no update this step. "soft": ``min(rate * step, max)``;
+    "hard": 0 (a copy) every ``old_update_every`` steps; "delayed": no update
+    for ``old_delay_steps`` steps, then soft counted from there.
+    """
+    if config.old_update == "soft":
+        return min(config.old_decay_rate * step, config.old_decay_max)
+    if config.old_update == "hard":
+        return 0.0 if step % config.old_update_every == 0 else None
+    if step <= config.old_delay_steps:
+        return None
+    return min(config.old_decay_rate * (step - config.old_delay_steps), config.old_decay_max)
+
+
+def training_times(
+    generator: torch.Generator, num_samples: int, count: int, grid: torch.Tensor, mode: str
+) -> torch.Tensor:
+    """``[count, num_samples]`` training times: distinct rollout-grid times per sample, or ``U(0, 1)``.
+
+    The grid mode draws, for every sample, ``count`` different times among the
+    grid's ``S`` non-zero times (``t_0 .. t_{S-1}``).
+    """
+    if mode == "sampled":
+        return torch.rand(count, num_samples, generator=generator).clamp(min=1e-3)
+    candidates = grid[:-1].float()
+    order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[:, :count]
+    return candidates[order].T.contiguous()
+
+
+class DiffusionNFT:
+    """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out."""
+
+    def __init__(self, config: AlgorithmConfig) -> None:
+        self.config = config
+        self.passes = config.train_timesteps
+
+    def draw(
+        self, generator: torch.Generator, num_samples: int, sample_shape: tuple[int, ...], grid: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
+        noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
+        return {"t": times, "noise": noise}
+
+    def loss(self, policy: Policy, batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x0 = batch.x0
+        t = batch.draws["t"][pass_index].to(x0.device)
+        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
+        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+        x_t = (1 - column) * x0 + column * noise
+        v_theta = policy.velocity(x_t, t, batch.cond)
+        with torch.no_grad():
+            v_old = policy.old_velocity(x_t, t, batch.cond)
+            v_ref = (
+                policy.reference_velocity(x_t, t, batch.cond) if self.config.reference_weight > 0 else None
+            )
+        terms = nft_loss(
+            v_theta,
+            v_old,
+            v_ref,
+            x_t,
+            x0,
+            t,
+            batch.advantages,
+            self.config.beta,
+            self.config.advantage_clip,
+            self.config.reference_weight,
+            self.config.adaptive_weighting,
+        )
+        stats = {
+            "nft/positive_loss": terms.positive.detach(),
+            "nft/negative_loss": terms.negative.detach(),
+            "nft/reference_mse": terms.reference.detach(),
+            "nft/old_deviation": _pixel_mean((v_theta.detach().float() - v_old.float()) ** 2),
+            "nft/optimality_probability": optimality_probability(batch.advantages, self.config.advantage_clip),
+        }
+        return terms.loss.mean(), stats
+
+    def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
+        decay = old_policy_decay(self.config, step)
+        if decay is not None:
+            policy.update_old(decay)
+        return {"nft/old_decay": -1.0 if decay is None else decay}

@@ -1,0 +1,321 @@
+"""Typed, validated training configs loaded from YAML.
+
+A config file is a mapping of sections (``model``, ``sampler``, ``rewards``,
+``algorithm``, ``training``, ``data``, ``logging``, ``evaluation``) plus an
+optional ``defaults: [other.yaml, ...]`` list of files it extends (paths
+relative to it; later entries and the file itself win, mappings merge key by
+key). Command-line overrides are ``section.key=value`` with ``value`` read as
+YAML (``training.steps=50``, ``evaluation.guidance_scales=[1,3]``).
+
+Built on dataclasses and PyYAML rather than a config library: the schema is
+the code, type checks and messages are ours (every error names the key, the
+value and what is allowed), and it adds no dependency. Everything is checked
+by :func:`load_config` before any model loads; what needs the process count
+(global batch divisibility) is checked by :meth:`TrainConfig.per_process`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _choice(*allowed: Any) -> dict[str, Any]:
+    return {"choices": allowed}
+
+
+def _at_least(minimum: float, strict: bool = False) -> dict[str, Any]:
+    return {"min": minimum, "strict": strict}
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a shipped shapes model name or a model directory."""
+
+    name: str = "shapes-base"
+    backend: str = field(default="shapes", metadata=_choice("shapes"))
+    dtype: str = field(default="float32", metadata=_choice("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class SamplerConfig:
+    """Rollouts: an ODE solver of ``samplers`` on a (shifted) time grid, CFG-free by default."""
+
+    solver: str = field(default="euler", metadata=_choice("euler", "heun", "dpm2m"))
+    num_steps: int = field(default=10, metadata=_at_least(1))
+    time_shift: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
+
+
+@dataclass
+class AlgorithmConfig:
+    """DiffusionNFT (see :mod:`flowrl.algorithms.nft`)."""
+
+    name: str = field(default="nft", metadata=_choice("nft"))
+    beta: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    advantage_clip: float = field(default=5.0, metadata=_at_least(0.0, strict=True))
+    std_scope: str = field(default="batch", metadata=_choice("batch", "group"))
+    timesteps: str = field(default="grid", metadata=_choice("grid", "sampled"))
+    train_timesteps: int = field(default=4, metadata=_at_least(1))
+    reference_weight: float = field(default=1e-4, metadata=_at_least(0.0))
+    adaptive_weighting: bool = True
+    old_update: str = field(default="soft", metadata=_choice("soft", "hard", "delayed"))
+    old_decay_rate: float = field(default=0.001, metadata=_at_least(0.0))
+    old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    old_update_every: int = field(default=10, metadata=_at_least(1))
+    old_delay_steps: int = field(default=20, metadata=_at_least(0))
+
+
+@dataclass
+class TrainingConfig:
+    """Global batch sizes and optimisation. Images per step = ``prompts_per_step * group_size``."""
+
+    steps: int = field(default=100, metadata=_at_least(1))
+    prompts_per_step: int = field(default=8, metadata=_at_least(1))
+    group_size: int = field(default=8, metadata=_at_least(2))
+    micro_batch_size: int = field(default=32, metadata=_at_least(1))
+    learning_rate: float = field(default=3e-4, metadata=_at_least(0.0, strict=True))
+    warmup_steps: int = field(default=0, metadata=_at_least(0))
+    weight_decay: float = field(default=0.0, metadata=_at_least(0.0))
+    adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+    grad_clip: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    ema_decay: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    seed: int = 0
+    threads: int = field(default=0, metadata=_at_least(0))
+
+
+@dataclass
+class DataConfig:
+    """Training prompts: ``shapes-train`` (the shipped split) or a ``.jsonl``/``.txt`` file."""
+
+    prompts: str = "shapes-train"
+
+
+@dataclass
+class LoggingConfig:
+    """Where the run goes and how often it reports."""
+
+    output_dir: str = "runs/shapes_nft"
+    tracker: str = field(default="none", metadata=_choice("none", "tensorboard", "wandb"))
+    sample_every: int = field(default=10, metadata=_at_least(0))
+    checkpoint_every: int = field(default=10, metadata=_at_least(0))
+    keep_checkpoints: int = field(default=2, metadata=_at_least(1))
+    progress: bool = True
+
+
+@dataclass
+class EvaluationConfig:
+    """Held-out GenEval-style evaluation (shapes backend): before training, every ``every`` steps, at the end."""
+
+    every: int = field(default=0, metadata=_at_least(0))
+    images_per_task: int = field(default=64, metadata=_at_least(1))
+    num_steps: int = field(default=20, metadata=_at_least(1))
+    guidance_scales: list[float] = field(default_factory=lambda: [1.0])
+    base_guidance_scales: list[float] = field(default_factory=lambda: [1.0, 3.0])
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    rewards: dict[str, Any] = field(default_factory=lambda: {"shapes_verifier": 1.0})
+    reward_aggregation: str = field(default="sum", metadata=_choice("sum", "gdpo"))
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    resume: str | None = None
+
+    @property
+    def images_per_step(self) -> int:
+        return self.training.prompts_per_step * self.training.group_size
+
+    def per_process(self, num_processes: int) -> tuple[int, int]:
+        """``(images per process, gradient-accumulation micro-batches)`` for ``num_processes``.
+
+        The global batch must split evenly over processes, and each share into micro-batches.
+        """
+        images = self.images_per_step
+        if images % num_processes:
+            raise ConfigError(
+                f"training.prompts_per_step * training.group_size = {images} images per step "
+                f"does not divide over {num_processes} processes"
+            )
+        local = images // num_processes
+        micro = min(self.training.micro_batch_size, local)
+        if local % micro:
+            raise ConfigError(
+                f"training.micro_batch_size={self.training.micro_batch_size} does not divide the "
+                f"{local} images per process ({images} per step over {num_processes} processes)"
+            )
+        return local, local // micro
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed; the message names the key, the value and what is allowed."""
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive merge: mappings merge key by key, anything else in ``update`` replaces."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "rewards":
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml_with_defaults(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of ``path`` merged over the files its ``defaults`` list names."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"config defaults form a cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
+    defaults = data.pop("defaults", []) or []
+    if isinstance(defaults, str):
+        defaults = [defaults]
+    merged: dict[str, Any] = {}
+    for default in defaults:
+        merged = _merge(merged, read_yaml_with_defaults(path.parent / default, (*_seen, path)))
+    return _merge(merged, data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``section.key=value`` overrides (value parsed as YAML) applied to a raw config mapping."""
+    data = dict(data)
+    for override in overrides:
+        dotted, separator, raw = override.partition("=")
+        if not separator or not dotted:
+            raise ConfigError(f"override {override!r} is not key=value (e.g. training.steps=50)")
+        keys = dotted.split(".")
+        node = data
+        for key in keys[:-1]:
+            node[key] = dict(node.get(key) or {})
+            node = node[key]
+        node[keys[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """A validated :class:`TrainConfig` from a YAML file (or the defaults) and overrides."""
+    data = read_yaml_with_defaults(path) if path is not None else {}
+    return build_config(apply_overrides(data, overrides or []))
+
+
+def build_config(data: dict[str, Any]) -> TrainConfig:
+    """Check a raw mapping against the schema and build the config (errors name the key)."""
+    config = _build(TrainConfig, data, "")
+    _check_cross_fields(config)
+    return config
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]}; allowed under {prefix.rstrip('.') or 'the top level'}: "
+            f"{sorted(known)}"
+        )
+    values = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _build(kind, value, f"{key}.")
+        else:
+            values[name] = _check_value(key, value, kind, known[name].metadata)
+    return cls(**values)
+
+
+def _check_value(key: str, value: Any, kind: Any, rules: typing.Mapping[str, Any]) -> Any:
+    value = _coerce(key, value, kind)
+    if "choices" in rules and value not in rules["choices"]:
+        raise ConfigError(f"{key}={value!r} is not allowed; allowed: {list(rules['choices'])}")
+    if "min" in rules:
+        low, strict = rules["min"], rules.get("strict", False)
+        if value < low or (strict and value == low):
+            raise ConfigError(f"{key}={value!r} is not allowed; it must be {'>' if strict else '>='} {low}")
+    if "max" in rules and value > rules["max"]:
+        raise ConfigError(f"{key}={value!r} is not allowed; it must be <= {rules['max']}")
+    return value
+
+
+def _coerce(key: str, value: Any, kind: Any) -> Any:
+    """``value`` as ``kind`` (int accepted for float; ``X | None`` accepts None), else a ConfigError."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        return _coerce(key, value, next(option for option in options if option is not type(None)))
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is not allowed; expected a list")
+        (item,) = typing.get_args(kind)
+        return [_coerce(f"{key}[{index}]", element, item) for index, element in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r} is not allowed; expected a mapping")
+        return dict(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} is not allowed; expected a number") from None
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected true or false")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected an integer")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected {kind.__name__}")
+    return value
+
+
+def _check_cross_fields(config: TrainConfig) -> None:
+    """Rules that involve several keys or other registries (rewards, prompt files)."""
+    from rewards import MultiReward
+
+    try:
+        MultiReward.check_spec(config.rewards)
+    except ValueError as error:
+        raise ConfigError(f"rewards: {error}") from error
+    for scale in (*config.evaluation.guidance_scales, *config.evaluation.base_guidance_scales):
+        if scale < 1.0:
+            raise ConfigError(f"evaluation guidance scale {scale} is not allowed; it must be >= 1 (1 = no CFG)")
+    prompts = config.data.prompts
+    if prompts != "shapes-train" and not (Path(prompts).suffix in (".jsonl", ".txt") and Path(prompts).is_file()):
+        raise ConfigError(
+            f"data.prompts={prompts!r} is not allowed; use 'shapes-train' or an existing .jsonl/.txt file"
+        )
+    if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
+        raise ConfigError(
+            f"algorithm.train_timesteps={config.algorithm.train_timesteps} is more than the "
+            f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
+            "lower it or use algorithm.timesteps=sampled"
+        )

@@ -1,0 +1,93 @@
+"""The shapes policy backend: a fully fine-tuned ShapesDiT with explicit old, reference and EMA copies.
+
+``model`` is trained (and may be replaced by its DDP wrapper after
+``accelerator.prepare``); ``old`` samples the rollouts and anchors
+DiffusionNFT's implicit policies; ``reference`` is the frozen base; ``ema``
+(when ``ema_decay > 0``) is the weight average saved as the tuned model.
+Copies are cheap here (2.6M parameters); LoRA backends keep adapters instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flowrl.generate import model_space_to_images
+from flowrl.models.shapes_dit import ShapesDiT
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+class ShapesPolicy:
+    """Trainable ShapesDiT plus its old, reference and EMA copies (see module docstring)."""
+
+    def __init__(self, base: ShapesDiT, ema_decay: float = 0.0) -> None:
+        self.model: nn.Module = base.train().requires_grad_(True)
+        self.old = _frozen_copy(base)
+        self.reference = _frozen_copy(base)
+        self.ema_decay = ema_decay
+        self.ema = _frozen_copy(base) if ema_decay > 0 else None
+        self.sample_shape = (base.config.channels, base.config.image_size, base.config.image_size)
+
+    @property
+    def unwrapped(self) -> ShapesDiT:
+        """The trained network without its DDP wrapper."""
+        return getattr(self.model, "module", self.model)
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.unwrapped.encode_prompts(prompts)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self.model(x, t, *cond)
+
+    def old_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self.old(x, t, *cond)
+
+    def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self.reference(x, t, *cond)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Model-space samples to images in [0, 1]."""
+        return model_space_to_images(x)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def update_old(self, decay: float) -> None:
+        """``theta_old <- decay * theta_old + (1 - decay) * theta``."""
+        for old, new in zip(self.old.parameters(), self.unwrapped.parameters()):
+            old.lerp_(new.detach(), 1 - decay)
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        """``theta_ema <- d * theta_ema + (1 - d) * theta`` (no-op without EMA)."""
+        if self.ema is not None:
+            for ema, new in zip(self.ema.parameters(), self.unwrapped.parameters()):
+                ema.lerp_(new.detach(), 1 - self.ema_decay)
+
+    def tuned(self) -> ShapesDiT:
+        """The network to evaluate and ship: the EMA when kept, else the trained weights."""
+        return self.ema if self.ema is not None else self.unwrapped
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        state = {"model": self.unwrapped.state_dict(), "old": self.old.state_dict()}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.unwrapped.load_state_dict(state["model"])
+        self.old.load_state_dict(state["old"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the tuned network as a loadable ShapesDiT directory."""
+        self.tuned().save_pretrained(directory)

@@ -1,0 +1,64 @@
+"""Training prompts and the group-aware batch of each step.
+
+Every step draws ``prompts_per_step`` distinct prompts with a generator seeded
+by ``(seed, step)`` and repeats each ``group_size`` times, so the global
+sample list is the same on every process and after a resume (the data
+position is the step). Process ``k`` of ``n`` takes the ``k``-th contiguous
+slice: whole groups whenever the per-process share is a multiple of the group
+size; advantages are computed on the gathered global batch either way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flowrl.shapes.grammar import PromptRecord, shipped_prompts
+
+
+def load_prompts(spec: str) -> list[PromptRecord]:
+    """``shapes-train`` (shipped split), a ``.jsonl`` of records with a ``prompt``, or a ``.txt`` (one per line)."""
+    if spec == "shapes-train":
+        return shipped_prompts("train")
+    path = Path(spec)
+    if path.suffix == ".jsonl":
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        missing = [index for index, record in enumerate(records) if "prompt" not in record]
+        if missing:
+            raise ValueError(f"{path}: records {missing[:5]} have no 'prompt' field")
+        return records
+    if path.suffix == ".txt":
+        return [{"prompt": line.strip()} for line in path.read_text().splitlines() if line.strip()]
+    raise ValueError(f"prompt file {spec!r} is not allowed; use 'shapes-train', a .jsonl or a .txt file")
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """The global samples of one step: their prompt records, group ids and noise seeds."""
+
+    records: list[PromptRecord]
+    group_ids: list[int]
+    seeds: list[int]
+
+    def shard(self, process_index: int, num_processes: int) -> StepSamples:
+        """The contiguous slice of process ``process_index``."""
+        size = len(self.records) // num_processes
+        part = slice(process_index * size, (process_index + 1) * size)
+        return StepSamples(self.records[part], self.group_ids[part], self.seeds[part])
+
+
+def step_samples(
+    prompts: list[PromptRecord], step: int, prompts_per_step: int, group_size: int, seed: int
+) -> StepSamples:
+    """The samples of ``step``: distinct prompts, each ``group_size`` times in a row, with their noise seeds."""
+    if prompts_per_step > len(prompts):
+        raise ValueError(f"prompts_per_step={prompts_per_step} is more than the {len(prompts)} prompts available")
+    rng = np.random.default_rng([seed, step])
+    chosen = rng.choice(len(prompts), size=prompts_per_step, replace=False)
+    records = [prompts[int(index)] for index in chosen for _ in range(group_size)]
+    group_ids = [group for group in range(prompts_per_step) for _ in range(group_size)]
+    seeds = [int(value) for value in rng.integers(0, 2**31 - 1, size=len(records))]
+    return StepSamples(records, group_ids, seeds)

@@ -1,0 +1,390 @@
+"""The online RL training loop, read top to bottom.
+
+One step, on every process (every collective runs everywhere):
+
+  1. the step's global samples: ``prompts_per_step`` prompts x ``group_size``,
+     the same list on every process; each process takes its slice;
+  2. rollouts by the old policy through ``samplers`` (CFG-free by default), in
+     micro-batches, each handed to the reward scorer in the background as soon
+     as it is decoded;
+  3. scores gathered from all processes, group advantages on the global batch;
+  4. the algorithm's loss over its passes (e.g. timesteps) and micro-batches,
+     gradients accumulated (synchronised once, on the last backward);
+  5. gradient clipping, optimizer and learning-rate step, the algorithm's
+     state update (old policy), EMA;
+  6. metrics, sample grids, curves; periodic evaluation and checkpoint.
+
+All randomness of a step derives from ``(seed, step)`` and global sample
+indices, so one process and two processes see the same data and noise, and a
+resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import random
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from tqdm.auto import tqdm
+
+from flowrl.algorithms import TrainBatch, build_algorithm
+from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
+from flowrl.config import TrainConfig
+from flowrl.evaluation import evaluate, write_evaluation
+from flowrl.generate import seeded_noise
+from flowrl.models import load_shapes_model
+from flowrl.policy import ShapesPolicy
+from flowrl.prompts import load_prompts, step_samples
+from flowrl.run_log import MetricsLog, plot_curves, save_sample_grid
+from flowrl.shapes.grammar import TASKS, shipped_prompts
+from rewards import AsyncScorer, MultiReward
+from samplers import ODE_SOLVERS, guided_velocity, select_rows, timesteps
+
+PACKAGES = ("flowrl", "torch", "diffusers", "accelerate", "peft", "transformers", "open-clip-torch")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a run depends on."""
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The CPU generator of a step's algorithm draws (the same on every process)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def linear_warmup(warmup_steps: int):
+    """LambdaLR factor: linear warm-up over ``warmup_steps`` optimizer steps, then constant."""
+    return lambda index: min(1.0, (index + 1) / warmup_steps) if warmup_steps else 1.0
+
+
+class Trainer:
+    """Holds the run's parts; :meth:`train` is the loop of the module docstring."""
+
+    def __init__(self, config: TrainConfig, accelerator: Accelerator | None = None) -> None:
+        self.config = config
+        if config.training.threads:
+            torch.set_num_threads(config.training.threads)
+        tracker = None if config.logging.tracker == "none" else config.logging.tracker
+        self.accelerator = accelerator or Accelerator(
+            cpu=not torch.cuda.is_available(), log_with=tracker, project_dir=config.logging.output_dir
+        )
+        acc = self.accelerator
+        # Everything that can be checked without a model is checked before one loads.
+        self.local_images, self.micro_batches = config.per_process(acc.num_processes)
+        self.micro_batch = self.local_images // self.micro_batches
+        self.prompts = load_prompts(config.data.prompts)
+        if config.training.prompts_per_step > len(self.prompts):
+            raise ValueError(
+                f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
+                f"{len(self.prompts)} prompts of data.prompts={config.data.prompts!r}"
+            )
+        self.output_dir = Path(config.logging.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
+        self.algorithm = build_algorithm(config.algorithm)
+        self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
+        self.solver = ODE_SOLVERS[config.sampler.solver]
+
+        torch.manual_seed(config.training.seed)
+        self.policy = ShapesPolicy(load_shapes_model(config.model.name), config.training.ema_decay)
+        self.policy.old.to(acc.device)
+        self.policy.reference.to(acc.device)
+        if self.policy.ema is not None:
+            self.policy.ema.to(acc.device)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.trainable_parameters(),
+            lr=config.training.learning_rate,
+            betas=(0.9, config.training.adam_beta2),
+            weight_decay=config.training.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, linear_warmup(config.training.warmup_steps)
+        )
+        self.policy.model = acc.prepare(self.policy.model)
+        self.step = 0
+
+    # --- set-up and persistence ----------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        record = {**self.config.to_dict(), "versions": package_versions(), "num_processes": self.accelerator.num_processes}
+        (self.output_dir / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+
+    def resume(self) -> None:
+        """Load the checkpoint named by ``config.resume`` (``latest`` or a path), if any."""
+        if not self.config.resume:
+            return
+        path = resumable_checkpoint(self.config.resume, self.checkpoint_dir)
+        if path is None:
+            if self.config.resume != LATEST:
+                raise FileNotFoundError(f"resume={self.config.resume!r}: no such checkpoint")
+            return
+        self.step, payload = read_checkpoint(path)
+        self.policy.load_state_dict(payload["policy"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        states = payload["rng"]
+        if len(states) != self.accelerator.num_processes:
+            raise ValueError(
+                f"checkpoint {path} was written by {len(states)} processes; this run has "
+                f"{self.accelerator.num_processes} (the global batch is the same, but RNG states are per process)"
+            )
+        set_rng_state(states[self.accelerator.process_index])
+        if self.accelerator.is_main_process:
+            print(f"resumed from {path} at step {self.step}")
+
+    def save_checkpoint(self) -> None:
+        states = gather_object([rng_state()])
+        if self.accelerator.is_main_process:
+            write_checkpoint(
+                self.checkpoint_dir,
+                self.step,
+                {
+                    "policy": self.policy.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": states,
+                },
+                keep=self.config.logging.keep_checkpoints,
+            )
+        self.accelerator.wait_for_everyone()
+
+    # --- evaluation ----------------------------------------------------------------------------------
+
+    def evaluate(self, model: torch.nn.Module, guidance_scale: float, name: str) -> dict[str, Any]:
+        """Held-out GenEval-style scores of ``model`` (main process), written under ``eval/``."""
+        scores, images, items, rewards = evaluate(
+            model,
+            shipped_prompts("test"),
+            self.config.evaluation.images_per_task,
+            self.config.evaluation.num_steps,
+            guidance_scale,
+        )
+        write_evaluation(self.output_dir / "eval", name, scores, images, items, rewards)
+        return scores
+
+    # --- one step ------------------------------------------------------------------------------------
+
+    def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer):
+        """Old-policy rollouts of this process's samples, scored in the background chunk by chunk."""
+        policy, acc = self.policy, self.accelerator
+        cond = policy.encode([record["prompt"] for record in records])
+        noise = seeded_noise(seeds, policy.sample_shape, acc.device)
+        velocity = guided_velocity(
+            policy.old_velocity, self.config.sampler.guidance_scale, policy.encode([""])
+        )
+        samples, futures = [], []
+        start = time.perf_counter()
+        with torch.no_grad():
+            for begin in range(0, len(records), self.micro_batch):
+                rows = torch.arange(begin, min(begin + self.micro_batch, len(records)))
+                x0 = self.solver(velocity, noise[rows.to(noise.device)], self.grid, select_rows(cond, rows)).x0
+                samples.append(x0)
+                chunk = [records[i] for i in rows.tolist()]
+                futures.append(scorer.submit(policy.decode(x0), [r["prompt"] for r in chunk], chunk))
+        rollout_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        parts = [future.result() for future in futures]
+        reward_wait = time.perf_counter() - start
+        scores = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        return torch.cat(samples), cond, scores, rollout_seconds, reward_wait
+
+    def train_step(self, scorer: AsyncScorer) -> dict[str, Any]:
+        config, acc, policy = self.config, self.accelerator, self.policy
+        step_start = time.perf_counter()
+        samples = step_samples(
+            self.prompts, self.step, config.training.prompts_per_step, config.training.group_size, config.training.seed
+        )
+        local = samples.shard(acc.process_index, acc.num_processes)
+        x0, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(local.records, local.seeds, scorer)
+
+        # Gather every process's scores; advantages over the global batch, then this process's slice.
+        global_scores = {key: acc.gather(value.to(acc.device)).cpu() for key, value in scores.items()}
+        group_ids = torch.tensor(samples.group_ids)
+        advantages = self.reward.advantages(global_scores, group_ids)
+        begin = acc.process_index * self.local_images
+        local_rows = slice(begin, begin + self.local_images)
+        local_advantages = advantages[local_rows].to(acc.device)
+
+        # The algorithm's loss over passes x micro-batches; gradients synchronise on the last backward.
+        train_start = time.perf_counter()
+        draws = self.algorithm.draw(
+            step_generator(config.training.seed, self.step), len(samples.records), policy.sample_shape, self.grid
+        )
+        draws = {key: value[:, local_rows] for key, value in draws.items()}
+        backward_count = self.algorithm.passes * self.micro_batches
+        losses, statistics = [], {}
+        index = 0
+        for pass_index in range(self.algorithm.passes):
+            for begin in range(0, self.local_images, self.micro_batch):
+                rows = slice(begin, begin + self.micro_batch)
+                batch = TrainBatch(
+                    x0[rows],
+                    select_rows(cond, torch.arange(begin, begin + self.micro_batch)),
+                    local_advantages[rows],
+                    {key: value[:, rows] for key, value in draws.items()},
+                )
+                index += 1
+                sync = index == backward_count
+                with contextlib.nullcontext() if sync else acc.no_sync(policy.model):
+                    loss, stats = self.algorithm.loss(policy, batch, pass_index)
+                    acc.backward(loss / backward_count)
+                losses.append(loss.detach())
+                for key, value in stats.items():
+                    statistics.setdefault(key, []).append(value.float().mean())
+        grad_norm = acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        algorithm_log = self.algorithm.after_optimizer_step(policy, self.step)
+        policy.update_ema()
+        train_seconds = time.perf_counter() - train_start
+
+        total = self.reward.total(global_scores)
+        grouped = total.view(config.training.prompts_per_step, config.training.group_size)
+        row: dict[str, Any] = {
+            "step": self.step,
+            "reward/mean": float(total.mean()),
+            **{f"reward/{key}": float(value.mean()) for key, value in global_scores.items()},
+            "reward/zero_std_groups": float((grouped.std(dim=1) == 0).float().mean()),
+            "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            **{key: float(acc.reduce(torch.stack(values).mean(), "mean")) for key, values in statistics.items()},
+            **algorithm_log,
+            "time/rollout": rollout_seconds,
+            "time/reward": reward_wait,
+            "time/train": train_seconds,
+            "time/step": time.perf_counter() - step_start,
+            "num_processes": acc.num_processes,
+        }
+        if acc.is_main_process and config.logging.sample_every and self.step % config.logging.sample_every == 0:
+            shown = min(16, len(local.records))
+            save_sample_grid(
+                self.output_dir / "samples" / f"step_{self.step:06d}.png",
+                policy.decode(x0[:shown]).cpu(),
+                [r["prompt"] for r in local.records[:shown]],
+                self.reward.total(scores)[:shown],
+            )
+        return row
+
+    # --- the loop ------------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        config, acc = self.config, self.accelerator
+        if acc.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.write_config()
+        acc.wait_for_everyone()
+        self.resume()
+        log = MetricsLog(self.output_dir / "metrics.jsonl", self.step) if acc.is_main_process else None
+        if config.logging.tracker != "none":
+            acc.init_trackers("flowrl", config={k: str(v) for k, v in self.config.to_dict().items()})
+        summary_path = self.output_dir / "summary.json"
+        base_scores: dict[str, Any] = {}
+        if acc.is_main_process:
+            if self.step == 0 or not summary_path.is_file():
+                base_model = self.policy.reference
+                for scale in config.evaluation.base_guidance_scales:
+                    base_scores[f"{scale:g}"] = self.evaluate(base_model, scale, f"base_cfg{scale:g}")
+                summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
+            else:
+                base_scores = json.loads(summary_path.read_text())["base"]
+        elapsed_before = log.rows[-1]["time/elapsed"] if log and log.rows else 0.0
+        start = time.perf_counter()
+        progress = tqdm(
+            total=config.training.steps,
+            initial=self.step,
+            desc="train",
+            disable=not (acc.is_main_process and config.logging.progress),
+            dynamic_ncols=True,
+        )
+        with AsyncScorer(self.reward) as scorer:
+            while self.step < config.training.steps:
+                self.step += 1
+                row = self.train_step(scorer)
+                row["time/elapsed"] = elapsed_before + time.perf_counter() - start
+                if config.evaluation.every and self.step % config.evaluation.every == 0 and self.step < config.training.steps:
+                    if acc.is_main_process:
+                        scores = self.evaluate(self.policy.tuned(), 1.0, f"step_{self.step:06d}_cfg1")
+                        row.update({f"eval/{k}": v for k, v in scores.items() if k.startswith("geneval/")})
+                    acc.wait_for_everyone()
+                if log is not None:
+                    log.append(row)
+                    plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
+                acc.log(row, step=self.step)
+                progress.set_postfix(reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}")
+                progress.update(1)
+                if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+                    self.save_checkpoint()
+        progress.close()
+        if not config.logging.checkpoint_every or self.step % config.logging.checkpoint_every:
+            self.save_checkpoint()
+        return self.finish(base_scores, log)
+
+    def finish(self, base_scores: dict[str, Any], log: MetricsLog | None) -> dict[str, Any]:
+        """Save the tuned model, evaluate it, write ``summary.json`` and print the base-vs-tuned table."""
+        acc = self.accelerator
+        summary: dict[str, Any] = {}
+        if acc.is_main_process:
+            self.policy.save_pretrained(self.output_dir / "model")
+            tuned = {
+                f"{scale:g}": self.evaluate(self.policy.tuned(), scale, f"tuned_cfg{scale:g}")
+                for scale in self.config.evaluation.guidance_scales
+            }
+            final = {f"eval/{k}": v for k, v in tuned["1"].items() if k.startswith("geneval/")} if "1" in tuned else {}
+            if log is not None and log.rows and final:
+                log.rows[-1].update(final)
+                log._rewrite()
+                plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
+            summary = {"base": base_scores, "tuned": tuned, "steps": self.step, "output_dir": str(self.output_dir)}
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            print(summary_table(base_scores, tuned))
+            print(f"tuned model: {self.output_dir / 'model'}")
+            print(f"curves:      {self.output_dir / 'curves.png'}")
+            print(f"eval grids:  {self.output_dir / 'eval'}")
+        acc.wait_for_everyone()
+        acc.end_training()
+        return summary
+
+
+def summary_table(base: dict[str, Any], tuned: dict[str, Any]) -> str:
+    """Per-task held-out scores: base at each guidance scale, tuned at each."""
+    columns = [(f"base cfg {scale}", scores) for scale, scores in base.items()]
+    columns += [(f"tuned cfg {scale}", scores) for scale, scores in tuned.items()]
+    lines = [f"{'task':<16}" + "".join(f"{name:>14}" for name, _ in columns)]
+    for task in (*TASKS, "overall"):
+        key = f"geneval/{task}"
+        lines.append(f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns))
+    return "\n".join(lines)
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run a whole training from a validated config; returns the summary (main process)."""
+    return Trainer(config).train()
