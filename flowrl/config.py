@@ -307,9 +307,13 @@ def _check_cross_fields(config: TrainConfig) -> None:
         raise ConfigError(f"rewards: {error}") from error
     for scale in (*config.evaluation.guidance_scales, *config.evaluation.base_guidance_scales):
         if scale < 1.0:
-            raise ConfigError(f"evaluation guidance scale {scale} is not allowed; it must be >= 1 (1 = no CFG)")
+            raise ConfigError(
+                f"evaluation guidance scale {scale} is not allowed; it must be >= 1 (1 = no CFG)"
+            )
     prompts = config.data.prompts
-    if prompts != "shapes-train" and not (Path(prompts).suffix in (".jsonl", ".txt") and Path(prompts).is_file()):
+    if prompts != "shapes-train" and not (
+        Path(prompts).suffix in (".jsonl", ".txt") and Path(prompts).is_file()
+    ):
         raise ConfigError(
             f"data.prompts={prompts!r} is not allowed; use 'shapes-train' or an existing .jsonl/.txt file"
         )

@@ -55,7 +55,9 @@ def step_samples(
 ) -> StepSamples:
     """The samples of ``step``: distinct prompts, each ``group_size`` times in a row, with their noise seeds."""
     if prompts_per_step > len(prompts):
-        raise ValueError(f"prompts_per_step={prompts_per_step} is more than the {len(prompts)} prompts available")
+        raise ValueError(
+            f"prompts_per_step={prompts_per_step} is more than the {len(prompts)} prompts available"
+        )
     rng = np.random.default_rng([seed, step])
     chosen = rng.choice(len(prompts), size=prompts_per_step, replace=False)
     records = [prompts[int(index)] for index in chosen for _ in range(group_size)]

@@ -64,14 +64,19 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "
     axes[1].plot([row["time/elapsed"] for row in train], _smooth(rewards), color="tab:orange")
     axes[1].set(xlabel="wall-clock seconds", ylabel="training reward (smoothed)", title="reward vs time")
     if evals:
-        axes[2].plot([r["step"] for r in evals], [r["eval/geneval/overall"] for r in evals], "o-", label="overall")
+        axes[2].plot(
+            [r["step"] for r in evals], [r["eval/geneval/overall"] for r in evals], "o-", label="overall"
+        )
         tasks = sorted(
             key.removeprefix("eval/geneval/") for key in evals[-1] if key.startswith("eval/geneval/")
         )
         for task in tasks:
             if task != "overall":
                 axes[2].plot(
-                    [r["step"] for r in evals], [r[f"eval/geneval/{task}"] for r in evals], alpha=0.5, label=task
+                    [r["step"] for r in evals],
+                    [r[f"eval/geneval/{task}"] for r in evals],
+                    alpha=0.5,
+                    label=task,
                 )
         axes[2].legend(fontsize=7)
     axes[2].set(xlabel="step", ylabel="held-out score (CFG-free)", title="evaluation", ylim=(0, 1))
@@ -88,7 +93,10 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "
 
 def _smooth(values: Sequence[float], window: int = 10) -> list[float]:
     """Trailing mean over ``window`` values."""
-    return [sum(values[max(0, i - window + 1) : i + 1]) / (i - max(0, i - window + 1) + 1) for i in range(len(values))]
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i - max(0, i - window + 1) + 1)
+        for i in range(len(values))
+    ]
 
 
 def save_sample_grid(

@@ -133,7 +133,11 @@ class Trainer:
     # --- set-up and persistence ----------------------------------------------------------------------
 
     def write_config(self) -> None:
-        record = {**self.config.to_dict(), "versions": package_versions(), "num_processes": self.accelerator.num_processes}
+        record = {
+            **self.config.to_dict(),
+            "versions": package_versions(),
+            "num_processes": self.accelerator.num_processes,
+        }
         (self.output_dir / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
 
     def resume(self) -> None:
@@ -204,7 +208,9 @@ class Trainer:
         with torch.no_grad():
             for begin in range(0, len(records), self.micro_batch):
                 rows = torch.arange(begin, min(begin + self.micro_batch, len(records)))
-                x0 = self.solver(velocity, noise[rows.to(noise.device)], self.grid, select_rows(cond, rows)).x0
+                x0 = self.solver(
+                    velocity, noise[rows.to(noise.device)], self.grid, select_rows(cond, rows)
+                ).x0
                 samples.append(x0)
                 chunk = [records[i] for i in rows.tolist()]
                 futures.append(scorer.submit(policy.decode(x0), [r["prompt"] for r in chunk], chunk))
@@ -219,10 +225,16 @@ class Trainer:
         config, acc, policy = self.config, self.accelerator, self.policy
         step_start = time.perf_counter()
         samples = step_samples(
-            self.prompts, self.step, config.training.prompts_per_step, config.training.group_size, config.training.seed
+            self.prompts,
+            self.step,
+            config.training.prompts_per_step,
+            config.training.group_size,
+            config.training.seed,
         )
         local = samples.shard(acc.process_index, acc.num_processes)
-        x0, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(local.records, local.seeds, scorer)
+        x0, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
+            local.records, local.seeds, scorer
+        )
 
         # Gather every process's scores; advantages over the global batch, then this process's slice.
         global_scores = {key: acc.gather(value.to(acc.device)).cpu() for key, value in scores.items()}
@@ -235,7 +247,10 @@ class Trainer:
         # The algorithm's loss over passes x micro-batches; gradients synchronise on the last backward.
         train_start = time.perf_counter()
         draws = self.algorithm.draw(
-            step_generator(config.training.seed, self.step), len(samples.records), policy.sample_shape, self.grid
+            step_generator(config.training.seed, self.step),
+            len(samples.records),
+            policy.sample_shape,
+            self.grid,
         )
         draws = {key: value[:, local_rows] for key, value in draws.items()}
         backward_count = self.algorithm.passes * self.micro_batches
@@ -276,7 +291,10 @@ class Trainer:
             "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
             "grad_norm": float(grad_norm),
             "lr": self.scheduler.get_last_lr()[0],
-            **{key: float(acc.reduce(torch.stack(values).mean(), "mean")) for key, values in statistics.items()},
+            **{
+                key: float(acc.reduce(torch.stack(values).mean(), "mean"))
+                for key, values in statistics.items()
+            },
             **algorithm_log,
             "time/rollout": rollout_seconds,
             "time/reward": reward_wait,
@@ -284,7 +302,11 @@ class Trainer:
             "time/step": time.perf_counter() - step_start,
             "num_processes": acc.num_processes,
         }
-        if acc.is_main_process and config.logging.sample_every and self.step % config.logging.sample_every == 0:
+        if (
+            acc.is_main_process
+            and config.logging.sample_every
+            and self.step % config.logging.sample_every == 0
+        ):
             shown = min(16, len(local.records))
             save_sample_grid(
                 self.output_dir / "samples" / f"step_{self.step:06d}.png",
@@ -330,7 +352,11 @@ class Trainer:
                 self.step += 1
                 row = self.train_step(scorer)
                 row["time/elapsed"] = elapsed_before + time.perf_counter() - start
-                if config.evaluation.every and self.step % config.evaluation.every == 0 and self.step < config.training.steps:
+                if (
+                    config.evaluation.every
+                    and self.step % config.evaluation.every == 0
+                    and self.step < config.training.steps
+                ):
                     if acc.is_main_process:
                         scores = self.evaluate(self.policy.tuned(), 1.0, f"step_{self.step:06d}_cfg1")
                         row.update({f"eval/{k}": v for k, v in scores.items() if k.startswith("geneval/")})
@@ -358,12 +384,21 @@ class Trainer:
                 f"{scale:g}": self.evaluate(self.policy.tuned(), scale, f"tuned_cfg{scale:g}")
                 for scale in self.config.evaluation.guidance_scales
             }
-            final = {f"eval/{k}": v for k, v in tuned["1"].items() if k.startswith("geneval/")} if "1" in tuned else {}
+            final = (
+                {f"eval/{k}": v for k, v in tuned["1"].items() if k.startswith("geneval/")}
+                if "1" in tuned
+                else {}
+            )
             if log is not None and log.rows and final:
                 log.rows[-1].update(final)
                 log._rewrite()
                 plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
-            summary = {"base": base_scores, "tuned": tuned, "steps": self.step, "output_dir": str(self.output_dir)}
+            summary = {
+                "base": base_scores,
+                "tuned": tuned,
+                "steps": self.step,
+                "output_dir": str(self.output_dir),
+            }
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             print(summary_table(base_scores, tuned))
             print(f"tuned model: {self.output_dir / 'model'}")
@@ -381,7 +416,9 @@ def summary_table(base: dict[str, Any], tuned: dict[str, Any]) -> str:
     lines = [f"{'task':<16}" + "".join(f"{name:>14}" for name, _ in columns)]
     for task in (*TASKS, "overall"):
         key = f"geneval/{task}"
-        lines.append(f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns))
+        lines.append(
+            f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns)
+        )
     return "\n".join(lines)
 
 

@@ -47,10 +47,14 @@ def _normalised_spec(name: str, spec: Any) -> dict[str, Any]:
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return {"weight": float(spec)}
     if not isinstance(spec, Mapping):
-        raise ValueError(f"reward entry {name!r} must be a weight or a mapping of {ENTRY_FIELDS}, got {spec!r}")
+        raise ValueError(
+            f"reward entry {name!r} must be a weight or a mapping of {ENTRY_FIELDS}, got {spec!r}"
+        )
     unknown = set(spec) - set(ENTRY_FIELDS)
     if unknown:
-        raise ValueError(f"reward entry {name!r} has unknown fields {sorted(unknown)}; allowed: {ENTRY_FIELDS}")
+        raise ValueError(
+            f"reward entry {name!r} has unknown fields {sorted(unknown)}; allowed: {ENTRY_FIELDS}"
+        )
     weight = spec.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
         raise ValueError(f"reward entry {name!r} has weight {weight!r}; expected a number")
@@ -104,7 +108,9 @@ class MultiReward:
         for name, spec in rewards.items():
             reward_name = _normalised_spec(name, spec).get("reward", name)
             if isinstance(reward_name, str) and reward_name not in known and ":" not in reward_name:
-                raise ValueError(f"reward entry {name!r} names unknown reward {reward_name!r}; available: {known}")
+                raise ValueError(
+                    f"reward entry {name!r} names unknown reward {reward_name!r}; available: {known}"
+                )
 
     @property
     def weights(self) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,7 +47,7 @@ def create_app(name: str, reward: Callable[..., Any]) -> FastAPI:
         return {"status": "ok", "reward": name, "modality": modality, "protocol": PROTOCOL_VERSION}
 
     @app.post("/score")
-    def score_batch(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    def score_batch(body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
         try:
             media, sent_modality = decode_media(body)
             prompts = list(body["prompts"])

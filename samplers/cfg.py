@@ -23,7 +23,9 @@ def guided_velocity(velocity: VelocityFn, guidance_scale: float, unconditional: 
 
     def guided(x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         doubled_t = torch.cat([t, t]) if t.ndim else t
-        v_cond, v_uncond = velocity(torch.cat([x, x]), doubled_t, concat_rows(cond, broadcast_rows(unconditional, x.shape[0]))).chunk(2)
+        v_cond, v_uncond = velocity(
+            torch.cat([x, x]), doubled_t, concat_rows(cond, broadcast_rows(unconditional, x.shape[0]))
+        ).chunk(2)
         return v_uncond + guidance_scale * (v_cond - v_uncond)
 
     return guided

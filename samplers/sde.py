@@ -124,7 +124,9 @@ def stochastic_steps(
     return steps
 
 
-def sliding_window(iteration: int, size: int, num_steps: int, stride: int = 1, every: int = 1) -> tuple[int, int]:
+def sliding_window(
+    iteration: int, size: int, num_steps: int, stride: int = 1, every: int = 1
+) -> tuple[int, int]:
     """The SDE window ``(start, start + size)`` at a training iteration (MixGRPO's moving window).
 
     ``start = (iteration // every * stride) mod (num_steps - size)``: the

@@ -8,7 +8,9 @@ from flowrl.config import ConfigError, TrainConfig, load_config
 def test_defaults_files_merge_and_overrides_win(tmp_path):
     (tmp_path / "base.yaml").write_text("training:\n  steps: 7\n  group_size: 4\nsampler:\n  num_steps: 6\n")
     (tmp_path / "run.yaml").write_text("defaults: [base.yaml]\ntraining:\n  steps: 9\n")
-    config = load_config(tmp_path / "run.yaml", ["training.learning_rate=1e-4", "evaluation.guidance_scales=[1, 4.5]"])
+    config = load_config(
+        tmp_path / "run.yaml", ["training.learning_rate=1e-4", "evaluation.guidance_scales=[1, 4.5]"]
+    )
     assert (config.training.steps, config.training.group_size, config.sampler.num_steps) == (9, 4, 6)
     assert config.training.learning_rate == 1e-4 and config.evaluation.guidance_scales == [1.0, 4.5]
 
@@ -29,7 +31,10 @@ def test_shipped_recipes_are_valid():
         ("rewards={nope: 1}", r"reward entry 'nope' names unknown reward 'nope'"),
         ("data.prompts=missing.jsonl", r"data.prompts='missing.jsonl' is not allowed"),
         ("algorithm.train_timesteps=30", r"algorithm.train_timesteps=30 is more than the 10 steps"),
-        ("logging.tracker=mlflow", r"logging.tracker='mlflow' is not allowed; allowed: \['none', 'tensorboard', 'wandb'\]"),
+        (
+            "logging.tracker=mlflow",
+            r"logging.tracker='mlflow' is not allowed; allowed: \['none', 'tensorboard', 'wandb'\]",
+        ),
         ("training.steps", r"override 'training.steps' is not key=value"),
     ],
 )
@@ -39,11 +44,15 @@ def test_bad_values_are_named(override, message):
 
 
 def test_global_batch_must_divide_over_processes_and_micro_batches():
-    config = load_config(None, ["training.prompts_per_step=3", "training.group_size=3", "training.micro_batch_size=3"])
+    config = load_config(
+        None, ["training.prompts_per_step=3", "training.group_size=3", "training.micro_batch_size=3"]
+    )
     assert config.per_process(1) == (9, 3)
     with pytest.raises(ConfigError, match="9 images per step does not divide over 2 processes"):
         config.per_process(2)
-    config = load_config(None, ["training.prompts_per_step=4", "training.group_size=4", "training.micro_batch_size=3"])
+    config = load_config(
+        None, ["training.prompts_per_step=4", "training.group_size=4", "training.micro_batch_size=3"]
+    )
     with pytest.raises(ConfigError, match="micro_batch_size=3 does not divide the 8 images per process"):
         config.per_process(2)
 

@@ -25,7 +25,11 @@ def direct_nft_loss(v_theta, v_old, v_ref, x_t, x0, t, advantages, beta, c, lam)
         x_pos, x_neg = x_t[i] - t[i] * v_pos, x_t[i] - t[i] * v_neg
         w_pos = max((x_pos - x0[i]).abs().mean().item(), 1e-5)
         w_neg = max((x_neg - x0[i]).abs().mean().item(), 1e-5)
-        policy = c * (r * ((x_pos - x0[i]) ** 2).mean() / w_pos + (1 - r) * ((x_neg - x0[i]) ** 2).mean() / w_neg) / beta
+        policy = (
+            c
+            * (r * ((x_pos - x0[i]) ** 2).mean() / w_pos + (1 - r) * ((x_neg - x0[i]) ** 2).mean() / w_neg)
+            / beta
+        )
         losses.append(policy + lam * ((v_theta[i] - v_ref[i]) ** 2).mean())
     return torch.stack(losses)
 
@@ -71,6 +75,8 @@ def test_training_times_are_distinct_grid_times_or_uniform():
     times = training_times(torch.Generator().manual_seed(0), 6, 4, grid, "grid")
     assert times.shape == (4, 6)
     for column in times.T:
-        assert len(set(column.tolist())) == 4 and all(any(abs(v - g) < 1e-7 for g in grid[:-1].tolist()) for v in column)
+        assert len(set(column.tolist())) == 4 and all(
+            any(abs(v - g) < 1e-7 for g in grid[:-1].tolist()) for v in column
+        )
     sampled = training_times(torch.Generator().manual_seed(0), 6, 4, grid, "sampled")
     assert sampled.shape == (4, 6) and ((sampled > 0) & (sampled < 1)).all()

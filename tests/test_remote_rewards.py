@@ -142,7 +142,10 @@ def test_contract_errors_are_not_retried_and_reach_the_client():
         calls["n"] += 1
         return torch.full((media.shape[0],), float("nan"))
 
-    with running_server("nan_reward", nan_reward) as url, RemoteReward(url, retries=3, backoff=0.01) as client:
+    with (
+        running_server("nan_reward", nan_reward) as url,
+        RemoteReward(url, retries=3, backoff=0.01) as client,
+    ):
         with pytest.raises(RewardError, match="HTTP 422.*non-finite"):
             client(quantized_images(), PROMPTS, META)
         assert calls["n"] == 1

@@ -230,7 +230,10 @@ def test_multireward_gdpo_advantages_normalise_each_reward_in_its_group():
     torch.testing.assert_close(
         multi.advantages(scores, groups),
         gdpo_advantages(
-            {"test_brightness": scores["test_brightness"], "jpeg_incompressibility": scores["jpeg_incompressibility"]},
+            {
+                "test_brightness": scores["test_brightness"],
+                "jpeg_incompressibility": scores["jpeg_incompressibility"],
+            },
             {"test_brightness": 1.0, "jpeg_incompressibility": 0.5},
             groups,
         ),

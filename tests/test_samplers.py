@@ -234,7 +234,11 @@ def test_window_and_last_step_decide_what_is_stochastic(noise):
         stochastic_steps(10, 0.7, window=(9, 12))  # starts at the last step: nothing would be trained
     schedule = timesteps(10)
     rollout = sde_sample(
-        gaussian_velocity, noise.float(), schedule, sde_window=(2, 5), generator=torch.Generator().manual_seed(0)
+        gaussian_velocity,
+        noise.float(),
+        schedule,
+        sde_window=(2, 5),
+        generator=torch.Generator().manual_seed(0),
     )
     ode = euler(gaussian_velocity, noise.float(), schedule, keep_latents=True)
     torch.testing.assert_close(rollout.latents[:, :3], ode.latents[:, :3], rtol=0, atol=0)
@@ -401,7 +405,9 @@ def test_cfg_with_a_shared_unconditional_row_follows_the_growing_tree_frontier()
     assert calls == [2 * 2, 2 * 4, 2 * 8, 2 * 8]  # conditional and unconditional halves of the frontier
     x, t = torch.randn(3, 8), torch.full((3,), 0.5)
     rows = torch.tensor([0.8, 1.2, 0.8])
-    expected = model(x, t, torch.full((3,), 0.1)) + 2.5 * (model(x, t, rows) - model(x, t, torch.full((3,), 0.1)))
+    expected = model(x, t, torch.full((3,), 0.1)) + 2.5 * (
+        model(x, t, rows) - model(x, t, torch.full((3,), 0.1))
+    )
     torch.testing.assert_close(guided(x, t, rows), expected)
     assert tree.x0.shape == (8, 8)
     with pytest.raises(ValueError, match="rows"):

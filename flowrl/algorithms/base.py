@@ -59,7 +59,9 @@ class Algorithm(Protocol):
         """
         ...
 
-    def loss(self, policy: Policy, batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The scalar loss of one pass over ``batch`` and per-sample statistics to log."""
         ...
 

@@ -132,7 +132,9 @@ class DiffusionNFT:
         noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
         return {"t": times, "noise": noise}
 
-    def loss(self, policy: Policy, batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0 = batch.x0
         t = batch.draws["t"][pass_index].to(x0.device)
         noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
@@ -162,7 +164,9 @@ class DiffusionNFT:
             "nft/negative_loss": terms.negative.detach(),
             "nft/reference_mse": terms.reference.detach(),
             "nft/old_deviation": _pixel_mean((v_theta.detach().float() - v_old.float()) ** 2),
-            "nft/optimality_probability": optimality_probability(batch.advantages, self.config.advantage_clip),
+            "nft/optimality_probability": optimality_probability(
+                batch.advantages, self.config.advantage_clip
+            ),
         }
         return terms.loss.mean(), stats
 

@@ -1,7 +1,15 @@
 """ShapesDiT: the tiny text-conditioned flow model of the shapes world.
 
-A diffusion transformer over 32x32 RGB pixels that predicts the flow-matching
-velocity ``v = eps - x0`` of ``x_t = (1 - t) x0 + t eps``.
+A diffusion transformer over 32x32 RGB pixels whose ``forward`` returns the
+flow-matching velocity ``v = eps - x0`` of ``x_t = (1 - t) x0 + t eps``.
+
+Output parametrisation (``ShapesDiTConfig.prediction``):
+  - ``"velocity"``: the network head is ``v`` itself;
+  - ``"sample"``: the head is the clean image ``x0_hat`` and the velocity is
+    ``v = (x_t - x0_hat) / max(t, t_min)`` (x-prediction, Li & He 2025, "Back
+    to Basics: Let Denoising Generative Models Denoise"). Clean pixels lie on
+    a simple manifold (mostly black), so a small pixel-space model predicts
+    them far better than the noisy velocity.
 
 Conditioning, designed so that binding, counts and positions are learnable:
   - the prompt goes through a small transformer text encoder (word
@@ -50,6 +58,11 @@ class ShapesDiTConfig:
     text_layers: int = 2
     text_heads: int = 4
     max_prompt_tokens: int = 16
+    prediction: str = "velocity"  #: "velocity" or "sample" (see module docstring)
+    min_time: float = 0.05  #: t_min of the "sample" parametrisation
+
+
+PREDICTIONS = ("velocity", "sample")
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -158,6 +171,8 @@ class ShapesDiT(nn.Module):
             raise ValueError(
                 f"image_size {config.image_size} is not a multiple of patch_size {config.patch_size}"
             )
+        if config.prediction not in PREDICTIONS:
+            raise ValueError(f"unknown prediction {config.prediction!r}; allowed: {PREDICTIONS}")
         self.config = config
         self.tokenizer = ShapesTokenizer(config.vocabulary, config.max_prompt_tokens)
         hidden, patch = config.hidden_size, config.patch_size
@@ -212,7 +227,11 @@ class ShapesDiT(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, condition, text, mask)
         shift, scale = self.final_modulation(condition).chunk(2, -1)
-        return self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
+        head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
+        if self.config.prediction == "velocity":
+            return head
+        denominator = t.to(x.dtype).clamp(min=self.config.min_time)[:, None, None, None]
+        return (x - head) / denominator
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` to ``directory``."""

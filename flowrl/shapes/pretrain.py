@@ -2,8 +2,10 @@
 
 Each step renders a fresh batch of ground-truth scenes for random prompts of
 the whole grammar (``grammar.sample_prompt``), replaces a share of the prompts
-by the empty prompt (so classifier-free guidance works), draws
-``t ~ U(0, 1)`` and noise, and regresses the velocity::
+by the empty prompt (so classifier-free guidance works), draws a time
+(``t ~ U(0, 1)``, or logit-normal ``t = sigmoid(m + s n)``, n ~ N(0, 1), which
+with m > 0 spends more steps at high noise where layouts are decided) and
+noise, and regresses the velocity::
 
     x_t = (1 - t) x0 + t eps,     loss = || v_theta(x_t, t, prompt) - (eps - x0) ||^2
 
@@ -34,7 +36,7 @@ from flowrl.shapes.render import render_prompt
 class PretrainConfig:
     """Settings of :func:`pretrain` (also written to ``pretrain.json``); defaults made the shipped model."""
 
-    steps: int = 3600  #: optimizer steps
+    steps: int = 5000  #: optimizer steps
     batch_size: int = 64  #: freshly rendered images per step
     learning_rate: float = 1e-3  #: peak AdamW learning rate
     min_learning_rate_ratio: float = 0.1  #: cosine decay ends at this share of the peak
@@ -50,6 +52,22 @@ class PretrainConfig:
     num_heads: int = 4  #: ShapesDiT attention heads
     text_hidden_size: int = 128  #: text encoder width
     text_layers: int = 2  #: text encoder layers
+    prediction: str = "sample"  #: ShapesDiT output: "velocity" or "sample" (x-prediction, same v-loss)
+    time_sampling: str = "logit_normal"  #: "uniform" or "logit_normal"
+    time_mean: float = 0.8  #: m of the logit-normal time (> 0: more steps at high noise)
+    time_std: float = 0.8  #: s of the logit-normal time
+
+
+TIME_SAMPLINGS = ("uniform", "logit_normal")
+
+
+def sample_times(batch_size: int, config: PretrainConfig) -> torch.Tensor:
+    """Training times ``[B]`` in (0, 1): uniform, or ``sigmoid(m + s n)`` for ``time_sampling="logit_normal"``."""
+    if config.time_sampling == "uniform":
+        return torch.rand(batch_size)
+    if config.time_sampling == "logit_normal":
+        return torch.sigmoid(config.time_mean + config.time_std * torch.randn(batch_size))
+    raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
 
 
 def learning_rate_at(step: int, config: PretrainConfig) -> float:
@@ -73,6 +91,8 @@ def training_batch(
 
 def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     """Train a :class:`ShapesDiT` from scratch; save the EMA weights and ``pretrain.json`` to ``output_dir``."""
+    if config.time_sampling not in TIME_SAMPLINGS:
+        raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
     output_dir = Path(output_dir)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
@@ -85,6 +105,7 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
             num_heads=config.num_heads,
             text_hidden_size=config.text_hidden_size,
             text_layers=config.text_layers,
+            prediction=config.prediction,
         )
     )
     ema = ShapesDiT(model.config)
@@ -98,7 +119,7 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     progress = tqdm(range(config.steps), desc="pretrain shapes", dynamic_ncols=True)
     for step in progress:
         x0, prompts = training_batch(rng, config.batch_size, config.condition_dropout)
-        t = torch.rand(config.batch_size)
+        t = sample_times(config.batch_size, config)
         noise = torch.randn_like(x0)
         x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
         loss = (model(x_t, t, *model.encode_prompts(prompts)) - (noise - x0)).pow(2).mean()

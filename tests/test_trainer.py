@@ -1,0 +1,180 @@
+"""The trainer end to end on a tiny random-weight model: exact resume, two real processes, checkpoints."""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.checkpoint import CheckpointError, read_checkpoint, resumable_checkpoint, write_checkpoint
+from flowrl.config import load_config
+from flowrl.prompts import step_samples
+from flowrl.run_log import read_metrics
+from flowrl.shapes.grammar import shipped_prompts
+from flowrl.trainer import Trainer
+
+TINY_RUN = [
+    "training.prompts_per_step=2",
+    "training.group_size=4",
+    "training.micro_batch_size=2",
+    "training.learning_rate=0.001",
+    "sampler.num_steps=4",
+    "algorithm.train_timesteps=2",
+    "evaluation.images_per_task=1",
+    "evaluation.num_steps=2",
+    "evaluation.base_guidance_scales=[1.0]",
+    "logging.sample_every=0",
+    "logging.checkpoint_every=2",
+    "logging.progress=false",
+]
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tiny_model):
+    directory = tmp_path / "tiny_model"
+    tiny_model.save_pretrained(directory)
+    return directory
+
+
+def run(model_dir, output_dir, *overrides):
+    config = load_config(
+        "configs/shapes_nft.yaml",
+        [*TINY_RUN, f"model.name={model_dir}", f"logging.output_dir={output_dir}", *overrides],
+    )
+    return Trainer(config).train()
+
+
+def final_weights(output_dir):
+    step, payload = read_checkpoint(
+        Path(output_dir) / "checkpoints" / (Path(output_dir) / "checkpoints" / "latest").read_text().strip()
+    )
+    return step, payload["policy"]
+
+
+COMPARED = ("reward/mean", "loss", "grad_norm", "nft/positive_loss", "nft/negative_loss")
+
+
+def test_resume_continues_exactly(tmp_path, tiny_model_dir):
+    run(tiny_model_dir, tmp_path / "straight", "training.steps=4")
+    run(tiny_model_dir, tmp_path / "split", "training.steps=2")
+    run(tiny_model_dir, tmp_path / "split", "training.steps=4", "resume=latest")
+    step_a, weights_a = final_weights(tmp_path / "straight")
+    step_b, weights_b = final_weights(tmp_path / "split")
+    assert step_a == step_b == 4
+    for copy in ("model", "old"):
+        for name, value in weights_a[copy].items():
+            torch.testing.assert_close(weights_b[copy][name], value, rtol=0, atol=1e-7, msg=f"{copy}.{name}")
+    rows_a, rows_b = (
+        read_metrics(tmp_path / "straight" / "metrics.jsonl"),
+        read_metrics(tmp_path / "split" / "metrics.jsonl"),
+    )
+    assert [r["step"] for r in rows_b] == [1, 2, 3, 4]
+    for row_a, row_b in zip(rows_a, rows_b):
+        for key in COMPARED:
+            assert row_a[key] == pytest.approx(row_b[key], rel=1e-6, abs=1e-9), (row_a["step"], key)
+
+
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir):
+    overrides = ["training.steps=2", "training.threads=1", f"model.name={tiny_model_dir}", *TINY_RUN]
+    run(tiny_model_dir, tmp_path / "one", "training.steps=2", "training.threads=1")
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "flowrl.train",
+        "configs/shapes_nft.yaml",
+        *overrides,
+        f"logging.output_dir={tmp_path / 'two'}",
+    ]
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows_one = read_metrics(tmp_path / "one" / "metrics.jsonl")
+    rows_two = read_metrics(tmp_path / "two" / "metrics.jsonl")
+    # Two processes really ran: each wrote its RNG state into the checkpoint, and the run says so.
+    _, payload = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_000002")
+    assert len(payload["rng"]) == 2 and all(row["num_processes"] == 2 for row in rows_two)
+    assert all(row["num_processes"] == 1 for row in rows_one)
+    # Same global batch, same noise: equal up to float reordering in the gradient all-reduce.
+    for row_one, row_two in zip(rows_one, rows_two, strict=True):
+        for key in COMPARED:
+            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
+    _, weights_one = final_weights(tmp_path / "one")
+    _, weights_two = final_weights(tmp_path / "two")
+    for name, value in weights_one["model"].items():
+        torch.testing.assert_close(weights_two["model"][name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_corrupted_or_truncated_checkpoint_is_refused_and_the_previous_one_used(tmp_path):
+    directory = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        write_checkpoint(directory, step, {"state": {"w": torch.full((100,), float(step))}}, keep=3)
+    newest = directory / "step_000006" / "state.pt"
+    newest.write_bytes(newest.read_bytes()[:50])  # truncated
+    with pytest.raises(CheckpointError, match="truncated"):
+        read_checkpoint(directory / "step_000006")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resumable_checkpoint("latest", directory) == directory / "step_000004"
+    assert any("step_000006" in str(w.message) and "truncated" in str(w.message) for w in caught)
+    middle = directory / "step_000004" / "state.pt"
+    data = bytearray(middle.read_bytes())
+    data[-10] ^= 0xFF  # same size, flipped bits
+    middle.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        read_checkpoint(directory / "step_000004")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert resumable_checkpoint("latest", directory) == directory / "step_000002"
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        resumable_checkpoint(str(directory / "step_000004"), directory)
+    assert read_checkpoint(directory / "step_000002")[1]["state"]["w"][0] == 2.0
+
+
+def test_checkpoints_are_pruned_and_latest_points_at_the_newest(tmp_path):
+    directory = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        write_checkpoint(directory, step, {"x": torch.tensor(step)}, keep=2)
+    assert sorted(p.name for p in directory.iterdir()) == ["latest", "step_000002", "step_000003"]
+    assert (directory / "latest").read_text().strip() == "step_000003"
+
+
+def test_step_samples_are_groups_and_shards_take_whole_groups():
+    prompts = shipped_prompts("train")
+    samples = step_samples(prompts, step=3, prompts_per_step=4, group_size=3, seed=0)
+    assert samples.group_ids == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert all(len({samples.records[i]["prompt"] for i in range(g * 3, g * 3 + 3)}) == 1 for g in range(4))
+    assert len({r["prompt"] for r in samples.records}) == 4
+    assert step_samples(prompts, 3, 4, 3, 0) == samples and step_samples(prompts, 4, 4, 3, 0) != samples
+    first, second = samples.shard(0, 2), samples.shard(1, 2)
+    assert first.group_ids == [0, 0, 0, 1, 1, 1] and second.group_ids == [2, 2, 2, 3, 3, 3]
+    assert first.seeds + second.seeds == samples.seeds
+
+
+def test_config_errors_stop_before_any_model_loads(tmp_path):
+    config = load_config(
+        "configs/shapes_nft.yaml",
+        ["training.prompts_per_step=3", "training.group_size=3", "model.name=/nonexistent"],
+    )
+    with pytest.raises(Exception, match="does not divide"):
+        Trainer(config, accelerator=_FakeAccelerator(num_processes=2))
+
+
+class _FakeAccelerator:
+    """Just enough of an Accelerator for the set-up checks that precede model loading."""
+
+    def __init__(self, num_processes):
+        self.num_processes = num_processes
