@@ -273,6 +273,7 @@ class Trainer:
                 losses.append(loss.detach())
                 for key, value in stats.items():
                     statistics.setdefault(key, []).append(value.float().mean())
+        optimizer_start = time.perf_counter()
         grad_norm = acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -280,6 +281,7 @@ class Trainer:
         algorithm_log = self.algorithm.after_optimizer_step(policy, self.step)
         policy.update_ema()
         train_seconds = time.perf_counter() - train_start
+        optimizer_seconds = time.perf_counter() - optimizer_start
 
         total = self.reward.total(global_scores)
         grouped = total.view(config.training.prompts_per_step, config.training.group_size)
@@ -299,6 +301,8 @@ class Trainer:
             "time/rollout": rollout_seconds,
             "time/reward": reward_wait,
             "time/train": train_seconds,
+            "time/loss_backward": train_seconds - optimizer_seconds,
+            "time/optimizer": optimizer_seconds,
             "time/step": time.perf_counter() - step_start,
             "num_processes": acc.num_processes,
         }

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -87,3 +89,16 @@ def test_guidance_changes_samples(tiny_model):
     plain = generate(tiny_model, ["a red circle"], [0], num_steps=4, guidance_scale=1.0)
     guided = generate(tiny_model, ["a red circle"], [0], num_steps=4, guidance_scale=5.0)
     assert not torch.allclose(plain, guided)
+
+
+def test_sample_prediction_turns_the_clean_image_head_into_a_velocity(tiny_model):
+    config = dataclasses.replace(tiny_model.config, prediction="sample")
+    model = ShapesDiT(config)
+    model.load_state_dict(tiny_model.state_dict())
+    x, ids_mask = torch.randn(3, 3, 32, 32), model.encode_prompts(["a circle", "two squares", ""])
+    t = torch.tensor([0.9, 0.5, 0.01])
+    head = tiny_model(x, t, *ids_mask)  # the same weights read as a velocity head = the raw head
+    expected = (x - head) / t.clamp(min=config.min_time)[:, None, None, None]
+    torch.testing.assert_close(model(x, t, *ids_mask), expected)
+    with pytest.raises(ValueError, match="unknown prediction 'noise'"):
+        ShapesDiT(dataclasses.replace(tiny_model.config, prediction="noise"))

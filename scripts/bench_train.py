@@ -1,0 +1,141 @@
+"""Benchmark a training step: where its time goes, and peak memory.
+
+Runs a few steps of a training config (default: the main job) and splits each
+step into rollout, reward (time spent waiting for the background scorer),
+loss + backward, optimizer (clip, step, old-policy and EMA updates) and the
+rest. Forward hooks on the networks (trained, old, reference) and a timer
+around every backward give the time inside the model itself; the overhead is
+everything else: ``1 - (forward + backward) / step``.
+
+    python scripts/bench_train.py --steps 4 --out outputs/bench_train.json [override ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from flowrl.config import load_config
+from flowrl.trainer import Trainer
+from rewards import AsyncScorer
+
+
+class NetworkTimer:
+    """Wall time spent inside the forward of the given modules and inside ``accelerator.backward``."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.forward = self.backward = 0.0
+        self._started: list[float] = []
+        modules = [trainer.policy.unwrapped, trainer.policy.old, trainer.policy.reference]
+        for module in modules:
+            module.register_forward_pre_hook(lambda *_: self._started.append(time.perf_counter()))
+            module.register_forward_hook(lambda *_: self._stop())
+        backward = trainer.accelerator.backward
+
+        def timed_backward(loss, **kwargs):
+            start = time.perf_counter()
+            backward(loss, **kwargs)
+            self.backward += time.perf_counter() - start
+
+        trainer.accelerator.backward = timed_backward
+
+    def _stop(self) -> None:
+        self.forward += time.perf_counter() - self._started.pop()
+
+    def reset(self) -> None:
+        self.forward = self.backward = 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default="configs/shapes_nft.yaml")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps (after one warm-up step)")
+    parser.add_argument("--out", default="outputs/bench_train.json")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    config = load_config(
+        args.config, [*args.overrides, "logging.output_dir=outputs/bench_train_run", "logging.sample_every=0"]
+    )
+    trainer = Trainer(config)
+    timer = NetworkTimer(trainer)
+    rows = []
+    with AsyncScorer(trainer.reward) as scorer:
+        for index in range(args.steps + 1):
+            trainer.step += 1
+            timer.reset()
+            start = time.perf_counter()
+            row = trainer.train_step(scorer)
+            step_seconds = time.perf_counter() - start
+            if index == 0:
+                continue  # warm-up
+            network = timer.forward + timer.backward
+            rows.append(
+                {
+                    "step_seconds": step_seconds,
+                    "rollout": row["time/rollout"],
+                    "reward_wait": row["time/reward"],
+                    "loss_backward": row["time/loss_backward"],
+                    "optimizer": row["time/optimizer"],
+                    "other": step_seconds
+                    - row["time/rollout"]
+                    - row["time/reward"]
+                    - row["time/loss_backward"]
+                    - row["time/optimizer"],
+                    "network_forward": timer.forward,
+                    "network_backward": timer.backward,
+                    "overhead_share": 1 - network / step_seconds,
+                }
+            )
+    median = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_cuda_mib = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+    images = config.images_per_step
+    print(
+        f"{args.config}: {images} images/step, {config.sampler.num_steps} rollout steps, "
+        f"{config.algorithm.train_timesteps} training timesteps, {torch.get_num_threads()} threads"
+    )
+    print(f"{'part':<18}{'seconds':>10}{'share':>9}")
+    for key in ("rollout", "reward_wait", "loss_backward", "optimizer", "other"):
+        print(f"{key:<18}{median[key]:>10.3f}{median[key] / median['step_seconds']:>9.1%}")
+    print(f"{'step':<18}{median['step_seconds']:>10.3f}{1:>9.0%}")
+    print(
+        f"inside the networks: forward {median['network_forward']:.3f}s + backward "
+        f"{median['network_backward']:.3f}s; overhead outside them {median['overhead_share']:.1%} of the step"
+    )
+    print(
+        f"peak memory: {peak_rss_mib:.0f} MiB RSS"
+        + (f", {peak_cuda_mib:.0f} MiB CUDA" if peak_cuda_mib else "")
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "config": args.config,
+                "overrides": args.overrides,
+                "images_per_step": images,
+                "threads": torch.get_num_threads(),
+                "median": median,
+                "steps": rows,
+                "peak_rss_mib": peak_rss_mib,
+                "peak_cuda_mib": peak_cuda_mib,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
