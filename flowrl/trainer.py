@@ -22,6 +22,7 @@ resumed run continues exactly.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import platform
 import random
@@ -92,6 +93,10 @@ class Trainer:
         if config.training.threads:
             torch.set_num_threads(config.training.threads)
         tracker = None if config.logging.tracker == "none" else config.logging.tracker
+        if tracker is not None and importlib.util.find_spec(tracker) is None:
+            raise ValueError(
+                f"logging.tracker={tracker!r} needs the {tracker} package: pip install -e '.[{tracker}]'"
+            )
         self.accelerator = accelerator or Accelerator(
             cpu=not torch.cuda.is_available(), log_with=tracker, project_dir=config.logging.output_dir
         )

@@ -178,3 +178,13 @@ class _FakeAccelerator:
 
     def __init__(self, num_processes):
         self.num_processes = num_processes
+
+
+def test_a_tracker_that_is_not_installed_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
+    config = load_config("configs/shapes_nft.yaml", ["logging.tracker=wandb"])
+    with pytest.raises(ValueError, match=r"logging.tracker='wandb' needs the wandb package: pip install"):
+        Trainer(config)
