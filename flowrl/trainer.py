@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from flowrl.algorithms import TrainBatch, build_algorithm
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
-from flowrl.config import TrainConfig
+from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import seeded_noise
 from flowrl.models import load_shapes_model
@@ -104,6 +104,13 @@ class Trainer:
         # Everything that can be checked without a model is checked before one loads.
         self.local_images, self.micro_batches = config.per_process(acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
+        units = config.algorithm.train_timesteps * self.micro_batches
+        if units % config.training.updates_per_step:
+            raise ConfigError(
+                f"training.updates_per_step={config.training.updates_per_step} does not divide the {units} "
+                f"backward passes of a step (algorithm.train_timesteps={config.algorithm.train_timesteps} x "
+                f"{self.micro_batches} micro-batches per process)"
+            )
         self.prompts = load_prompts(config.data.prompts)
         if config.training.prompts_per_step > len(self.prompts):
             raise ValueError(
@@ -258,11 +265,19 @@ class Trainer:
             self.grid,
         )
         draws = {key: value[:, local_rows] for key, value in draws.items()}
-        backward_count = self.algorithm.passes * self.micro_batches
-        losses, statistics = [], {}
-        index = 0
-        for pass_index in range(self.algorithm.passes):
-            for begin in range(0, self.local_images, self.micro_batch):
+        # Every (pass, micro-batch) unit is one backward; they split into `updates_per_step`
+        # consecutive optimizer updates, gradients synchronising on the last backward of each.
+        units = [
+            (pass_index, begin)
+            for pass_index in range(self.algorithm.passes)
+            for begin in range(0, self.local_images, self.micro_batch)
+        ]
+        per_update = len(units) // config.training.updates_per_step
+        losses, statistics, grad_norms = [], {}, []
+        optimizer_seconds = 0.0
+        for update in range(config.training.updates_per_step):
+            chunk = units[update * per_update : (update + 1) * per_update]
+            for index, (pass_index, begin) in enumerate(chunk):
                 rows = slice(begin, begin + self.micro_batch)
                 batch = TrainBatch(
                     x0[rows],
@@ -270,23 +285,26 @@ class Trainer:
                     local_advantages[rows],
                     {key: value[:, rows] for key, value in draws.items()},
                 )
-                index += 1
-                sync = index == backward_count
+                sync = index == len(chunk) - 1
                 with contextlib.nullcontext() if sync else acc.no_sync(policy.model):
                     loss, stats = self.algorithm.loss(policy, batch, pass_index)
-                    acc.backward(loss / backward_count)
+                    acc.backward(loss / len(chunk))
                 losses.append(loss.detach())
                 for key, value in stats.items():
                     statistics.setdefault(key, []).append(value.float().mean())
+            optimizer_start = time.perf_counter()
+            grad_norms.append(
+                float(acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip))
+            )
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            optimizer_seconds += time.perf_counter() - optimizer_start
         optimizer_start = time.perf_counter()
-        grad_norm = acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         algorithm_log = self.algorithm.after_optimizer_step(policy, self.step)
         policy.update_ema()
         train_seconds = time.perf_counter() - train_start
-        optimizer_seconds = time.perf_counter() - optimizer_start
+        optimizer_seconds += time.perf_counter() - optimizer_start
 
         total = self.reward.total(global_scores)
         grouped = total.view(config.training.prompts_per_step, config.training.group_size)
@@ -296,7 +314,7 @@ class Trainer:
             **{f"reward/{key}": float(value.mean()) for key, value in global_scores.items()},
             "reward/zero_std_groups": float((grouped.std(dim=1) == 0).float().mean()),
             "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
-            "grad_norm": float(grad_norm),
+            "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": self.scheduler.get_last_lr()[0],
             **{
                 key: float(acc.reduce(torch.stack(values).mean(), "mean"))

@@ -134,7 +134,7 @@ class MultiReward:
             labels = [label for label in scores if label == entry.name or label.startswith(entry.name + "/")]
             key = entry.key or getattr(entry.reward, "primary_score", None)
             if key is not None:
-                label = f"{entry.name}/{key}"
+                label = entry.name if key == entry.name else f"{entry.name}/{key}"
                 if label not in scores:
                     raise ValueError(f"reward {entry.name!r} has no sub-score {key!r}; it returned {labels}")
             elif len(labels) == 1:

@@ -48,16 +48,15 @@ def timed(repeats: int, function, *call_args) -> float:
 
 
 def start_server(name, reward):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(name, reward), host="127.0.0.1", port=port, log_level="error")
-    )
-    threading.Thread(target=server.run, daemon=True).start()
+    """Serve ``reward`` on a loopback socket bound before the server starts (no port race)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(name, reward), log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
     while not server.started:
         time.sleep(0.05)
-    return server, f"http://127.0.0.1:{port}"
+    return server, thread, sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def main() -> None:
@@ -156,11 +155,13 @@ def main() -> None:
     remote_rows = []
     for name in ("jpeg_compressibility", "clip_score (tiny)"):
         reward, media, case_prompts, case_metadata = cases[name]
-        server, url = start_server(name, reward)
-        client = RemoteReward(url, batch_size=args.batch)
-        local = timed(args.repeats, score, name, reward, media, case_prompts, case_metadata)
-        remote = timed(args.repeats, score, "remote", client, media, case_prompts, case_metadata)
+        server, thread, sock, url = start_server(name, reward)
+        with RemoteReward(url, batch_size=args.batch) as client:
+            local = timed(args.repeats, score, name, reward, media, case_prompts, case_metadata)
+            remote = timed(args.repeats, score, "remote", client, media, case_prompts, case_metadata)
         server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
         remote_rows.append(
             {
                 "reward": name,

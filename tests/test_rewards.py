@@ -432,3 +432,12 @@ def test_async_scoring_overlaps_and_returns_the_same_scores():
         with pytest.raises(RewardError, match="failing"):
             scorer.submit(batch, PROMPTS, META).result(timeout=5)
     assert threading.active_count() >= 1
+
+
+def test_an_entry_named_like_its_sub_score_is_found():
+    # Scores of entry "dark" with sub-scores light/dark are labelled "dark/light" and "dark".
+    multi = MultiReward({"dark": {"reward": "test_scaled_brightness", "key": "dark"}})
+    batch = images()
+    scores = multi(batch, PROMPTS, META)
+    assert set(scores) == {"dark", "dark/light"}
+    torch.testing.assert_close(multi.total(scores), 1 - batch.mean(dim=(1, 2, 3)))
