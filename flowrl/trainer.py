@@ -51,6 +51,8 @@ from flowrl.shapes.grammar import TASKS, shipped_prompts
 from rewards import AsyncScorer, MultiReward
 from samplers import ODE_SOLVERS, guided_velocity, select_rows, timesteps
 
+#: steps between redraws of curves.png (and at every evaluation and at the end)
+CURVES_EVERY = 10
 PACKAGES = ("flowrl", "torch", "diffusers", "accelerate", "peft", "transformers", "open-clip-torch")
 
 
@@ -390,7 +392,8 @@ class Trainer:
                     acc.wait_for_everyone()
                 if log is not None:
                     log.append(row)
-                    plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
+                    if self.step % CURVES_EVERY == 0 or "eval/geneval/overall" in row:
+                        plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
                 acc.log(row, step=self.step)
                 progress.set_postfix(reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}")
                 progress.update(1)
