@@ -80,7 +80,10 @@ class TrainingConfig:
     prompts_per_step: int = field(default=8, metadata=_at_least(1))
     group_size: int = field(default=8, metadata=_at_least(2))
     micro_batch_size: int = field(default=32, metadata=_at_least(1))
-    updates_per_step: int = field(default=1, metadata=_at_least(1))  #: optimizer updates per rollout batch
+    #: optimizer updates per rollout batch; each takes the same share of every process's (timestep x
+    #: micro-batch) units, so with more than one the samples that share an update depend on the number
+    #: of processes (same data and sizes, not bit-identical across process counts)
+    updates_per_step: int = field(default=1, metadata=_at_least(1))
     learning_rate: float = field(default=3e-4, metadata=_at_least(0.0, strict=True))
     warmup_steps: int = field(default=0, metadata=_at_least(0))
     weight_decay: float = field(default=0.0, metadata=_at_least(0.0))

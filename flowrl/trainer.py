@@ -365,6 +365,11 @@ class Trainer:
                 for scale in config.evaluation.base_guidance_scales:
                     base_scores[f"{scale:g}"] = self.evaluate(base_model, scale, f"base_cfg{scale:g}")
                 summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
+                if "1" in base_scores and log is not None:  # the base, CFG-free, as step 0 of the eval curve
+                    base_row = {
+                        f"eval/{k}": v for k, v in base_scores["1"].items() if k.startswith("geneval/")
+                    }
+                    log.append({"step": 0, "time/elapsed": 0.0, **base_row})
             else:
                 base_scores = json.loads(summary_path.read_text())["base"]
         elapsed_before = log.rows[-1]["time/elapsed"] if log and log.rows else 0.0

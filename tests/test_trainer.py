@@ -20,6 +20,7 @@ TINY_RUN = [
     "training.prompts_per_step=2",
     "training.group_size=4",
     "training.micro_batch_size=2",
+    "training.updates_per_step=1",
     "training.learning_rate=0.001",
     "sampler.num_steps=4",
     "algorithm.train_timesteps=2",
@@ -71,7 +72,8 @@ def test_resume_continues_exactly(tmp_path, tiny_model_dir):
         read_metrics(tmp_path / "straight" / "metrics.jsonl"),
         read_metrics(tmp_path / "split" / "metrics.jsonl"),
     )
-    assert [r["step"] for r in rows_b] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows_b] == [0, 1, 2, 3, 4]  # step 0: the base model's evaluation
+    rows_a, rows_b = rows_a[1:], rows_b[1:]
     for row_a, row_b in zip(rows_a, rows_b):
         for key in COMPARED:
             assert row_a[key] == pytest.approx(row_b[key], rel=1e-6, abs=1e-9), (row_a["step"], key)
@@ -102,8 +104,8 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir):
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows_one = read_metrics(tmp_path / "one" / "metrics.jsonl")
-    rows_two = read_metrics(tmp_path / "two" / "metrics.jsonl")
+    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
+    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
     # Two processes really ran: each wrote its RNG state into the checkpoint, and the run says so.
     _, payload = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_000002")
     assert len(payload["rng"]) == 2 and all(row["num_processes"] == 2 for row in rows_two)
