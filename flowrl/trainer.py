@@ -106,11 +106,12 @@ class Trainer:
         # Everything that can be checked without a model is checked before one loads.
         self.local_images, self.micro_batches = config.per_process(acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
-        units = config.algorithm.train_timesteps * self.micro_batches
+        self.algorithm = build_algorithm(config.algorithm)
+        units = self.algorithm.passes * self.micro_batches
         if units % config.training.updates_per_step:
             raise ConfigError(
                 f"training.updates_per_step={config.training.updates_per_step} does not divide the {units} "
-                f"backward passes of a step (algorithm.train_timesteps={config.algorithm.train_timesteps} x "
+                f"backward passes of a step ({self.algorithm.passes} loss passes (algorithm.train_timesteps) x "
                 f"{self.micro_batches} micro-batches per process)"
             )
         self.prompts = load_prompts(config.data.prompts)
@@ -122,7 +123,6 @@ class Trainer:
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
-        self.algorithm = build_algorithm(config.algorithm)
         self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
         self.solver = ODE_SOLVERS[config.sampler.solver]
 
