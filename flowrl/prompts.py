@@ -1,7 +1,7 @@
 """Training prompts and the group-aware batch of each step.
 
 Every step draws ``prompts_per_step`` distinct prompts with a generator seeded
-by ``(seed, step)`` and repeats each ``group_size`` times, so the global
+by ``(seed, step)`` (uniformly, or with every task tag equally likely) and repeats each ``group_size`` times, so the global
 sample list is the same on every process and after a resume (the data
 position is the step). Process ``k`` of ``n`` takes the ``k``-th contiguous
 slice: whole groups whenever the per-process share is a multiple of the group
@@ -11,6 +11,7 @@ size; advantages are computed on the gathered global batch either way.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,16 +51,41 @@ class StepSamples:
         return StepSamples(self.records[part], self.group_ids[part], self.seeds[part])
 
 
+def prompt_weights(prompts: list[PromptRecord], sampling: str) -> np.ndarray:
+    """Draw probabilities: ``1/N`` each ("uniform"), or ``1 / (T * n_tag)`` ("balanced", ``T`` tags).
+
+    "balanced" needs a ``tag`` on every record (the shapes prompts carry one).
+    """
+    if sampling == "uniform":
+        return np.full(len(prompts), 1.0 / len(prompts))
+    if sampling != "balanced":
+        raise ValueError(f"sampling={sampling!r} is not allowed; use 'uniform' or 'balanced'")
+    untagged = [index for index, record in enumerate(prompts) if "tag" not in record]
+    if untagged:
+        raise ValueError(
+            f"sampling='balanced' needs a 'tag' on every prompt; records {untagged[:5]} have none"
+        )
+    tags = [record["tag"] for record in prompts]
+    counts = Counter(tags)
+    return np.array([1.0 / (len(counts) * counts[tag]) for tag in tags])
+
+
 def step_samples(
-    prompts: list[PromptRecord], step: int, prompts_per_step: int, group_size: int, seed: int
+    prompts: list[PromptRecord],
+    step: int,
+    prompts_per_step: int,
+    group_size: int,
+    seed: int,
+    weights: np.ndarray | None = None,
 ) -> StepSamples:
-    """The samples of ``step``: distinct prompts, each ``group_size`` times in a row, with their noise seeds."""
+    """The samples of ``step``: distinct prompts (drawn with ``weights``, uniform when None), each
+    ``group_size`` times in a row, with their noise seeds."""
     if prompts_per_step > len(prompts):
         raise ValueError(
             f"prompts_per_step={prompts_per_step} is more than the {len(prompts)} prompts available"
         )
     rng = np.random.default_rng([seed, step])
-    chosen = rng.choice(len(prompts), size=prompts_per_step, replace=False)
+    chosen = rng.choice(len(prompts), size=prompts_per_step, replace=False, p=weights)
     records = [prompts[int(index)] for index in chosen for _ in range(group_size)]
     group_ids = [group for group in range(prompts_per_step) for _ in range(group_size)]
     seeds = [int(value) for value in rng.integers(0, 2**31 - 1, size=len(records))]
