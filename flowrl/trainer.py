@@ -38,18 +38,18 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from flowrl.algorithms import TrainBatch, build_algorithm
+from flowrl.algorithms import RolloutChunk, TrainBatch, build_algorithm
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import seeded_noise
 from flowrl.models import load_shapes_model
 from flowrl.policy import ShapesPolicy
-from flowrl.prompts import load_prompts, step_samples
+from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, plot_curves, save_sample_grid
 from flowrl.shapes.grammar import TASKS, shipped_prompts
 from rewards import AsyncScorer, MultiReward
-from samplers import ODE_SOLVERS, guided_velocity, select_rows, timesteps
+from samplers import guided_velocity, select_rows, timesteps
 
 #: steps between redraws of curves.png (and at every evaluation and at the end)
 CURVES_EVERY = 10
@@ -106,15 +106,11 @@ class Trainer:
         # Everything that can be checked without a model is checked before one loads.
         self.local_images, self.micro_batches = config.per_process(acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
-        self.algorithm = build_algorithm(config.algorithm)
-        units = self.algorithm.passes * self.micro_batches
-        if units % config.training.updates_per_step:
-            raise ConfigError(
-                f"training.updates_per_step={config.training.updates_per_step} does not divide the {units} "
-                f"backward passes of a step ({self.algorithm.passes} loss passes (algorithm.train_timesteps) x "
-                f"{self.micro_batches} micro-batches per process)"
-            )
+        self.algorithm = build_algorithm(config)
+        for step in range(1, config.sampler.num_steps + 1):  # window schedules repeat within num_steps
+            self.update_units(self.algorithm.num_rows(self.local_images, step))
         self.prompts = load_prompts(config.data.prompts)
+        self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
         if config.training.prompts_per_step > len(self.prompts):
             raise ValueError(
                 f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
@@ -124,7 +120,6 @@ class Trainer:
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
         self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
-        self.solver = ODE_SOLVERS[config.sampler.solver]
 
         torch.manual_seed(config.training.seed)
         self.policy = ShapesPolicy(load_shapes_model(config.model.name), config.training.ema_decay)
@@ -209,31 +204,59 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------------------
 
+    def update_units(self, num_rows: int) -> list[list[tuple[int, slice]]]:
+        """The (pass, rows) backward units of a step, split into ``updates_per_step`` optimizer updates.
+
+        Units are every pass over every micro-batch of the process's ``num_rows`` training rows.
+        """
+        config = self.config
+        units = [
+            (pass_index, slice(begin, min(begin + self.micro_batch, num_rows)))
+            for pass_index in range(self.algorithm.passes)
+            for begin in range(0, num_rows, self.micro_batch)
+        ]
+        if len(units) % config.training.updates_per_step:
+            raise ConfigError(
+                f"training.updates_per_step={config.training.updates_per_step} does not divide the "
+                f"{len(units)} backward passes of a step ({self.algorithm.passes} loss passes x micro-batches "
+                f"of {self.micro_batch} over {num_rows} training rows per process)"
+            )
+        per_update = len(units) // config.training.updates_per_step
+        return [units[index : index + per_update] for index in range(0, len(units), per_update)]
+
     def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer):
-        """Old-policy rollouts of this process's samples, scored in the background chunk by chunk."""
+        """Old-policy rollouts of this process's samples (the algorithm's sampler, micro-batch by
+        micro-batch of whole groups), scored in the background chunk by chunk."""
         policy, acc = self.policy, self.accelerator
         cond = policy.encode([record["prompt"] for record in records])
         noise = seeded_noise(seeds, policy.sample_shape, acc.device)
         velocity = guided_velocity(
             policy.old_velocity, self.config.sampler.guidance_scale, policy.encode([""])
         )
-        samples, futures = [], []
+        chunks: list[RolloutChunk] = []
+        futures = []
         start = time.perf_counter()
         with torch.no_grad():
             for begin in range(0, len(records), self.micro_batch):
                 rows = torch.arange(begin, min(begin + self.micro_batch, len(records)))
-                x0 = self.solver(
-                    velocity, noise[rows.to(noise.device)], self.grid, select_rows(cond, rows)
-                ).x0
-                samples.append(x0)
-                chunk = [records[i] for i in rows.tolist()]
-                futures.append(scorer.submit(policy.decode(x0), [r["prompt"] for r in chunk], chunk))
+                generator = torch.Generator().manual_seed(seeds[begin])  # SDE noise of this micro-batch
+                chunk = self.algorithm.rollout(
+                    velocity,
+                    noise[rows.to(noise.device)],
+                    self.grid,
+                    select_rows(cond, rows),
+                    generator,
+                    self.step,
+                )
+                chunks.append(chunk)
+                items = [records[i] for i in rows.tolist()]
+                futures.append(scorer.submit(policy.decode(chunk.x0), [r["prompt"] for r in items], items))
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
         parts = [future.result() for future in futures]
         reward_wait = time.perf_counter() - start
         scores = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        return torch.cat(samples), cond, scores, rollout_seconds, reward_wait
+        return chunks, cond, scores, rollout_seconds, reward_wait
 
     def train_step(self, scorer: AsyncScorer) -> dict[str, Any]:
         config, acc, policy = self.config, self.accelerator, self.policy
@@ -244,9 +267,10 @@ class Trainer:
             config.training.prompts_per_step,
             config.training.group_size,
             config.training.seed,
+            self.prompt_weights,
         )
         local = samples.shard(acc.process_index, acc.num_processes)
-        x0, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
+        chunks, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
             local.records, local.seeds, scorer
         )
 
@@ -258,39 +282,37 @@ class Trainer:
         local_rows = slice(begin, begin + self.local_images)
         local_advantages = advantages[local_rows].to(acc.device)
 
-        # The algorithm's loss over passes x micro-batches; gradients synchronise on the last backward.
+        # The algorithm's rows (samples or tree edges), then its loss over passes x micro-batches of rows.
         train_start = time.perf_counter()
+        rows = self.algorithm.training_rows(
+            chunks, local_advantages, self.reward.total(scores).to(acc.device), self.step
+        )
         draws = self.algorithm.draw(
             step_generator(config.training.seed, self.step),
             len(samples.records),
             policy.sample_shape,
             self.grid,
+            self.step,
         )
         draws = {key: value[:, local_rows] for key, value in draws.items()}
-        # Every (pass, micro-batch) unit is one backward; they split into `updates_per_step`
-        # consecutive optimizer updates, gradients synchronising on the last backward of each.
-        units = [
-            (pass_index, begin)
-            for pass_index in range(self.algorithm.passes)
-            for begin in range(0, self.local_images, self.micro_batch)
-        ]
-        per_update = len(units) // config.training.updates_per_step
+        # Every (pass, micro-batch) unit is one backward, weighted by its share of its update's rows;
+        # gradients synchronise on the last backward of each of the `updates_per_step` updates.
         losses, statistics, grad_norms = [], {}, []
         optimizer_seconds = 0.0
-        for update in range(config.training.updates_per_step):
-            chunk = units[update * per_update : (update + 1) * per_update]
-            for index, (pass_index, begin) in enumerate(chunk):
-                rows = slice(begin, begin + self.micro_batch)
+        for units in self.update_units(rows.count):
+            update_rows = sum(part.stop - part.start for _, part in units)
+            for index, (pass_index, part) in enumerate(units):
                 batch = TrainBatch(
-                    x0[rows],
-                    select_rows(cond, torch.arange(begin, begin + self.micro_batch)),
-                    local_advantages[rows],
-                    {key: value[:, rows] for key, value in draws.items()},
+                    {key: value[part] for key, value in rows.data.items()},
+                    select_rows(cond, rows.cond_index[part]),
+                    rows.advantages[part],
+                    {key: value[:, part] for key, value in draws.items()},
+                    None if rows.weights is None else rows.weights[part],
                 )
-                sync = index == len(chunk) - 1
+                sync = index == len(units) - 1
                 with contextlib.nullcontext() if sync else acc.no_sync(policy.model):
                     loss, stats = self.algorithm.loss(policy, batch, pass_index)
-                    acc.backward(loss / len(chunk))
+                    acc.backward(loss * ((part.stop - part.start) / update_rows))
                 losses.append(loss.detach())
                 for key, value in stats.items():
                     statistics.setdefault(key, []).append(value.float().mean())
@@ -322,6 +344,7 @@ class Trainer:
                 key: float(acc.reduce(torch.stack(values).mean(), "mean"))
                 for key, values in statistics.items()
             },
+            **rows.log,
             **algorithm_log,
             "time/rollout": rollout_seconds,
             "time/reward": reward_wait,
@@ -339,7 +362,7 @@ class Trainer:
             shown = min(16, len(local.records))
             save_sample_grid(
                 self.output_dir / "samples" / f"step_{self.step:06d}.png",
-                policy.decode(x0[:shown]).cpu(),
+                policy.decode(torch.cat([chunk.x0 for chunk in chunks])[:shown]).cpu(),
                 [r["prompt"] for r in local.records[:shown]],
                 self.reward.total(scores)[:shown],
             )

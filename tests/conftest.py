@@ -28,3 +28,11 @@ def tiny_model() -> ShapesDiT:
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
     return model.eval()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tiny_model):
+    """The tiny model saved as a loadable model directory."""
+    directory = tmp_path / "tiny_model"
+    tiny_model.save_pretrained(directory)
+    return directory

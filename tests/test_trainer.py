@@ -11,7 +11,7 @@ import torch
 
 from flowrl.checkpoint import CheckpointError, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import load_config
-from flowrl.prompts import step_samples
+from flowrl.prompts import prompt_weights, step_samples
 from flowrl.run_log import read_metrics
 from flowrl.shapes.grammar import shipped_prompts
 from flowrl.trainer import Trainer
@@ -31,13 +31,6 @@ TINY_RUN = [
     "logging.checkpoint_every=2",
     "logging.progress=false",
 ]
-
-
-@pytest.fixture
-def tiny_model_dir(tmp_path, tiny_model):
-    directory = tmp_path / "tiny_model"
-    tiny_model.save_pretrained(directory)
-    return directory
 
 
 def run(model_dir, output_dir, *overrides):
@@ -164,6 +157,19 @@ def test_step_samples_are_groups_and_shards_take_whole_groups():
     first, second = samples.shard(0, 2), samples.shard(1, 2)
     assert first.group_ids == [0, 0, 0, 1, 1, 1] and second.group_ids == [2, 2, 2, 3, 3, 3]
     assert first.seeds + second.seeds == samples.seeds
+
+
+def test_balanced_sampling_gives_every_task_the_same_share():
+    prompts = shipped_prompts("train")
+    weights = prompt_weights(prompts, "balanced")
+    shares = {}
+    for record, weight in zip(prompts, weights):
+        shares[record["tag"]] = shares.get(record["tag"], 0.0) + weight
+    assert shares == pytest.approx({tag: 1 / 6 for tag in shares}) and len(shares) == 6
+    drawn = [r["tag"] for step in range(200) for r in step_samples(prompts, step, 6, 1, 0, weights).records]
+    assert drawn.count("single_object") > 100  # 4 of 364 prompts, ~1/6 of 1200 draws (uniform: ~13)
+    with pytest.raises(ValueError, match="needs a 'tag'"):
+        prompt_weights([{"prompt": "a red circle"}], "balanced")
 
 
 def test_config_errors_stop_before_any_model_loads(tmp_path):

@@ -1,15 +1,27 @@
 """RL algorithms: one module each; the trainer picks one by ``algorithm.name``."""
 
-from flowrl.algorithms.base import Algorithm, Policy, TrainBatch
+from flowrl.algorithms.base import Algorithm, Policy, RolloutChunk, TrainBatch, TrainRows
+from flowrl.algorithms.grpo import BranchGRPO, FlowGRPO
 from flowrl.algorithms.nft import DiffusionNFT
-from flowrl.config import AlgorithmConfig
+from flowrl.config import TrainConfig
 
-ALGORITHMS = {"nft": DiffusionNFT}
-
-
-def build_algorithm(config: AlgorithmConfig) -> Algorithm:
-    """The algorithm named by ``config.name``."""
-    return ALGORITHMS[config.name](config)
+ALGORITHMS = {"nft": DiffusionNFT, "flow_grpo": FlowGRPO, "branch_grpo": BranchGRPO}
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "DiffusionNFT", "Policy", "TrainBatch", "build_algorithm"]
+def build_algorithm(config: TrainConfig) -> Algorithm:
+    """The algorithm named by ``config.algorithm.name``."""
+    return ALGORITHMS[config.algorithm.name](config)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "BranchGRPO",
+    "DiffusionNFT",
+    "FlowGRPO",
+    "Policy",
+    "RolloutChunk",
+    "TrainBatch",
+    "TrainRows",
+    "build_algorithm",
+]

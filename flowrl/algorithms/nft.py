@@ -24,11 +24,13 @@ with ``eta = min(rate * step, max)`` ("soft"), a copy every ``k`` steps
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from flowrl.algorithms.base import Policy, TrainBatch
-from flowrl.config import AlgorithmConfig
+from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, TrainRows, weighted_mean
+from flowrl.config import AlgorithmConfig, TrainConfig
+from samplers import ODE_SOLVERS, VelocityFn
 
 ADAPTIVE_WEIGHT_MIN = 1e-5
 
@@ -119,14 +121,41 @@ def training_times(
 
 
 class DiffusionNFT:
-    """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out."""
+    """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
 
-    def __init__(self, config: AlgorithmConfig) -> None:
-        self.config = config
-        self.passes = config.train_timesteps
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config.algorithm
+        self.solver = ODE_SOLVERS[config.sampler.solver]
+        self.passes = config.algorithm.train_timesteps
+
+    def num_rows(self, num_samples: int, step: int = 1) -> int:
+        return num_samples
+
+    def rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        """Clean samples from the (deterministic) ODE solver; only ``x0`` is kept."""
+        return RolloutChunk(self.solver(velocity, noise, grid, cond).x0)
+
+    def training_rows(
+        self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
+    ) -> TrainRows:
+        x0 = torch.cat([chunk.x0 for chunk in chunks])
+        return TrainRows({"x0": x0}, torch.arange(x0.shape[0]), advantages)
 
     def draw(
-        self, generator: torch.Generator, num_samples: int, sample_shape: tuple[int, ...], grid: torch.Tensor
+        self,
+        generator: torch.Generator,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        grid: torch.Tensor,
+        step: int,
     ) -> dict[str, torch.Tensor]:
         times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
         noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
@@ -168,7 +197,7 @@ class DiffusionNFT:
                 batch.advantages, self.config.advantage_clip
             ),
         }
-        return terms.loss.mean(), stats
+        return weighted_mean(terms.loss, batch.weights), stats
 
     def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
         decay = old_policy_decay(self.config, step)

@@ -1,0 +1,196 @@
+"""Benchmark the GRPO family: per-iteration time and network evaluations, and reward per wall-clock second.
+
+Part 1 (measured here, one process, one after the other): flat Flow-GRPO
+(every stochastic step trained), BranchGRPO (no pruning), BranchGRPO with
+depth pruning and BranchGRPO-Mix, all with the same number of final images
+per prompt (the group size, 8) and prompts per iteration, on the shipped
+shapes base model. For each: median seconds per iteration (after a warm-up),
+rollout network evaluations per final image, trained transitions and
+training network evaluations per iteration.
+
+Part 2 (from finished runs, ``--runs``): the reward each recipe reached per
+wall-clock second against DiffusionNFT on the same world: the gain of the
+training reward (mean of the last 10 steps minus the first 10), its rate per
+minute, and the held-out CFG-free score at the end; plus a PNG of training
+reward against wall-clock time.
+
+    python scripts/bench_grpo.py --iterations 3 --runs runs/main runs/shapes_flowgrpo ... --out outputs/bench_grpo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from flowrl.config import load_config  # noqa: E402
+from flowrl.run_log import read_metrics  # noqa: E402
+from flowrl.trainer import Trainer  # noqa: E402
+from rewards import AsyncScorer  # noqa: E402
+
+#: (name, recipe, overrides): the same 8 prompts x 8 final images per iteration for all of them
+VARIANTS = [
+    ("flow_grpo (flat)", "configs/shapes_flowgrpo.yaml", ["algorithm.timestep_fraction=1.0"]),
+    (
+        "branch_grpo",
+        "configs/shapes_branchgrpo.yaml",
+        ["algorithm.depth_window_size=0", "algorithm.width_pruning=false"],
+    ),
+    (
+        "branch_grpo + depth pruning",
+        "configs/shapes_branchgrpo.yaml",
+        [
+            "algorithm.depth_window_size=3",
+            "algorithm.depth_window_start=6",
+            "algorithm.depth_window_slide=false",
+            "algorithm.width_pruning=false",
+        ],
+    ),
+    ("branch_grpo mix", "configs/shapes_branchgrpo_mix.yaml", []),
+]
+
+
+class EvaluationCounter:
+    """Rows through the sampling network (rollout) and through the trained and reference networks."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.rollout = self.training = 0
+        trainer.policy.old.register_forward_hook(lambda _m, inputs, _o: self._add("rollout", inputs))
+        for module in (trainer.policy.unwrapped, trainer.policy.reference):
+            module.register_forward_hook(lambda _m, inputs, _o: self._add("training", inputs))
+
+    def _add(self, kind: str, inputs: tuple) -> None:
+        setattr(self, kind, getattr(self, kind) + int(inputs[0].shape[0]))
+
+    def reset(self) -> None:
+        self.rollout = self.training = 0
+
+
+def measure(recipe: str, overrides: list[str], iterations: int, output_dir: Path) -> dict[str, float]:
+    config = load_config(
+        recipe,
+        [*overrides, f"logging.output_dir={output_dir}", "logging.sample_every=0", "logging.progress=false"],
+    )
+    trainer = Trainer(config)
+    counter = EvaluationCounter(trainer)
+    images = config.images_per_step
+    rows = []
+    with AsyncScorer(trainer.reward) as scorer:
+        for index in range(iterations + 1):
+            trainer.step += 1
+            counter.reset()
+            start = time.perf_counter()
+            row = trainer.train_step(scorer)
+            seconds = time.perf_counter() - start
+            if index == 0:
+                continue  # warm-up
+            rows.append(
+                {
+                    "seconds_per_iteration": seconds,
+                    "rollout_seconds": row["time/rollout"],
+                    "train_seconds": row["time/train"],
+                    "rollout_nfe_per_image": counter.rollout / images,
+                    "training_nfe": counter.training,
+                    "trained_transitions": trainer.algorithm.num_rows(images, trainer.step)
+                    * trainer.algorithm.passes,
+                }
+            )
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+
+
+def reward_per_second(run: Path) -> dict[str, float]:
+    rows = [row for row in read_metrics(run / "metrics.jsonl") if "reward/mean" in row]
+    first, last = rows[:10], rows[-10:]
+    gain = statistics.mean(r["reward/mean"] for r in last) - statistics.mean(r["reward/mean"] for r in first)
+    seconds = rows[-1]["time/elapsed"]
+    summary = json.loads((run / "summary.json").read_text())
+    tuned = summary.get("tuned", {}).get("1", {}).get("geneval/overall", float("nan"))
+    base = summary.get("base", {}).get("1", {}).get("geneval/overall", float("nan"))
+    return {
+        "steps": rows[-1]["step"],
+        "seconds": seconds,
+        "train_reward_gain": gain,
+        "train_reward_gain_per_minute": 60 * gain / seconds,
+        "eval_base_cfg1": base,
+        "eval_tuned_cfg1": tuned,
+        "eval_gain_per_minute": 60 * (tuned - base) / seconds,
+    }
+
+
+def plot_runs(runs: list[Path], path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        rows = [row for row in read_metrics(run / "metrics.jsonl") if "reward/mean" in row]
+        rewards = [row["reward/mean"] for row in rows]
+        smooth = [statistics.mean(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
+        axis.plot([row["time/elapsed"] / 60 for row in rows], smooth, label=run.name)
+    axis.set_xlabel("wall-clock minutes (2 CPU cores)")
+    axis.set_ylabel("training reward (10-step mean)")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=3, help="measured iterations per variant (after a warm-up)"
+    )
+    parser.add_argument("--runs", nargs="*", default=[], help="finished run directories for part 2")
+    parser.add_argument("--out", default="outputs/bench_grpo.json")
+    args = parser.parse_args()
+
+    results: dict[str, dict] = {"iteration": {}, "reward_per_second": {}}
+    scratch = Path(tempfile.mkdtemp(prefix="bench_grpo_"))
+    try:
+        for name, recipe, overrides in VARIANTS:
+            results["iteration"][name] = measure(
+                recipe, overrides, args.iterations, scratch / name.replace(" ", "_")
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    flat = results["iteration"]["flow_grpo (flat)"]["seconds_per_iteration"]
+    print(
+        f"{'variant':<30}{'s/iter':>8}{'vs flat':>9}{'rollout NFE/img':>17}{'trained trans.':>16}{'train NFE':>11}"
+    )
+    for name, row in results["iteration"].items():
+        row["time_vs_flat"] = row["seconds_per_iteration"] / flat
+        print(
+            f"{name:<30}{row['seconds_per_iteration']:>8.2f}{row['time_vs_flat']:>9.2f}"
+            f"{row['rollout_nfe_per_image']:>17.2f}{row['trained_transitions']:>16.0f}{row['training_nfe']:>11.0f}"
+        )
+    if args.runs:
+        print(
+            f"\n{'run':<28}{'min':>7}{'reward gain':>13}{'gain/min':>10}{'eval base':>11}{'eval tuned':>12}{'eval gain/min':>15}"
+        )
+        for run in map(Path, args.runs):
+            row = results["reward_per_second"][run.name] = reward_per_second(run)
+            print(
+                f"{run.name:<28}{row['seconds'] / 60:>7.1f}{row['train_reward_gain']:>13.3f}"
+                f"{row['train_reward_gain_per_minute']:>10.4f}{row['eval_base_cfg1']:>11.3f}"
+                f"{row['eval_tuned_cfg1']:>12.3f}{row['eval_gain_per_minute']:>15.4f}"
+            )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.runs:
+        plot_runs([Path(run) for run in args.runs], out.with_suffix(".png"))
+        print(f"reward vs wall-clock: {out.with_suffix('.png')}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
