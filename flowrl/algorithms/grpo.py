@@ -24,10 +24,12 @@ stochastic and trained, the others ODE.
 branching ** len(split_steps)`` leaves sharing prefixes. Leaves get the
 reward; an internal node the mean of its leaves, or the fusion of its
 children's rewards weighted by ``softmax`` of their (per-dimension) edge
-log-probabilities. A node's advantage is its reward normalised over the
-nodes of its depth in its tree, ``(R - mean_d) / (std_d + 1e-4)`` (0 where a
-depth has one node), and every edge into it at a stochastic step is a
-training transition. Pruning drops transitions from the loss only, never
+log-probabilities. A node's advantage is its reward centred on the nodes of
+its depth in its tree, ``(R - mean_d) / (std_d + 1e-4)`` (0 where a depth has
+one node), with ``std_d`` over the same nodes (``std_scope: group``) or over
+that depth in all the process's trees (``batch``, the default, as Flow-GRPO's
+batch std: two siblings whose rewards barely differ do not get advantages of
++-1); every edge into it at a stochastic step is a training transition. Pruning drops transitions from the loss only, never
 from the rollout: depth pruning keeps edges whose step lies in a window of
 depths (fixed or sliding), width pruning keeps, per tree and depth, the
 quarter of nodes with the highest and the quarter with the lowest advantage.
@@ -48,6 +50,7 @@ from samplers import (
     TreeRollout,
     VelocityFn,
     broadcast_rows,
+    concat_rows,
     guided_velocity,
     sde_sample,
     select_rows,
@@ -103,15 +106,18 @@ class _GRPOBase:
         self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
 
     def _velocity(self, velocity: VelocityFn, policy: Policy, cond: Any) -> VelocityFn:
-        """``velocity``, or with ``train_guidance`` its CFG mix with a detached unconditional branch."""
+        """``velocity``, or with ``train_guidance`` its CFG mix ``v_u + w (v_c - v_u)`` with the
+        unconditional branch detached; both branches in one batched call, as the sampler makes them,
+        so the first inner step re-scores the rollout exactly."""
         if not (self.config.train_guidance and self.guidance_scale != 1.0):
             return velocity
         unconditional = policy.encode([""])
 
         def guided(x: torch.Tensor, t: torch.Tensor, rows: Any) -> torch.Tensor:
-            with torch.no_grad():
-                v_uncond = velocity(x, t, broadcast_rows(unconditional, x.shape[0]))
-            return v_uncond + self.guidance_scale * (velocity(x, t, rows) - v_uncond)
+            both = concat_rows(rows, broadcast_rows(unconditional, x.shape[0]))
+            v_cond, v_uncond = velocity(torch.cat([x, x]), torch.cat([t, t]), both).chunk(2)
+            v_uncond = v_uncond.detach()
+            return v_uncond + self.guidance_scale * (v_cond - v_uncond)
 
         return guided
 
@@ -283,10 +289,32 @@ def node_rewards(tree: TreeRollout, leaf_rewards: torch.Tensor, mode: str = "mea
     return rewards.float()
 
 
-def depth_advantages(tree: TreeRollout, rewards: torch.Tensor) -> torch.Tensor:
-    """``[num_nodes]``: each node's reward normalised over the nodes of its depth in its tree."""
+def depth_advantages(
+    tree: TreeRollout, rewards: torch.Tensor, depth_std: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[num_nodes]``: ``(R - mean_d) / (std_d + 1e-4)`` with the mean over the nodes of the node's
+    depth in its tree; the std over the same nodes, or ``depth_std[d]`` when given (pooled over
+    trees, see :func:`pooled_depth_std`)."""
     groups = tree.tree * (int(tree.depth.max()) + 1) + tree.depth
-    return group_advantages(rewards, groups, std_scope="group", eps=DEPTH_STD_EPS)
+    if depth_std is None:
+        return group_advantages(rewards, groups, std_scope="group", eps=DEPTH_STD_EPS)
+    centered = rewards.double() - group_means(rewards.double(), groups)
+    return (centered / (depth_std.double()[tree.depth] + DEPTH_STD_EPS)).float()
+
+
+def group_means(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per-element mean of its group."""
+    _, inverse = torch.unique(groups, return_inverse=True)
+    sums = torch.zeros(int(inverse.max()) + 1, dtype=values.dtype, device=values.device)
+    counts = torch.zeros_like(sums).index_add_(0, inverse, torch.ones_like(values))
+    return (sums.index_add_(0, inverse, values) / counts)[inverse]
+
+
+def pooled_depth_std(trees: list[TreeRollout], rewards: list[torch.Tensor]) -> torch.Tensor:
+    """``[depths]``: the (population) std of the node rewards of each depth over all the trees."""
+    depth = torch.cat([tree.depth for tree in trees])
+    values = torch.cat(rewards).double()
+    return torch.stack([values[depth == d].std(unbiased=False) for d in range(int(depth.max()) + 1)])
 
 
 def trained_edges(
@@ -384,14 +412,18 @@ class BranchGRPO(_GRPOBase):
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
+        trees: list[TreeRollout] = [chunk.data for chunk in chunks]
+        offsets = [0]
+        for tree in trees:
+            offsets.append(offsets[-1] + tree.leaf_nodes.shape[0])
+        rewards_of_nodes = [
+            node_rewards(tree, rewards[offset : offset + tree.leaf_nodes.shape[0]], self.config.node_reward)
+            for tree, offset in zip(trees, offsets)
+        ]
+        depth_std = pooled_depth_std(trees, rewards_of_nodes) if self.config.std_scope == "batch" else None
         parts: dict[str, list[torch.Tensor]] = {}
-        offset = 0
-        for chunk in chunks:
-            tree: TreeRollout = chunk.data
-            leaves = tree.leaf_nodes.shape[0]
-            node_advantages = depth_advantages(
-                tree, node_rewards(tree, rewards[offset : offset + leaves], self.config.node_reward)
-            )
+        for tree, offset, values in zip(trees, offsets, rewards_of_nodes):
+            node_advantages = depth_advantages(tree, values, depth_std)
             nodes = trained_edges(
                 tree,
                 node_advantages,
@@ -412,7 +444,6 @@ class BranchGRPO(_GRPOBase):
             }
             for key, value in columns.items():
                 parts.setdefault(key, []).append(value)
-            offset += leaves
         data = {key: torch.cat(values) for key, values in parts.items()}
         return TrainRows(data, data.pop("cond_index"), data.pop("advantage"))
 
