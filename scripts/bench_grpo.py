@@ -9,10 +9,13 @@ rollout network evaluations per final image, trained transitions and
 training network evaluations per iteration.
 
 Part 2 (from finished runs, ``--runs``): the reward each recipe reached per
-wall-clock second against DiffusionNFT on the same world: the gain of the
-training reward (mean of the last 10 steps minus the first 10), its rate per
-minute, and the held-out CFG-free score at the end; plus a PNG of training
-reward against wall-clock time.
+wall-clock second against DiffusionNFT on the same world. Each run's own
+resolved config is re-timed here (quiet seconds per iteration, so runs that
+shared the machine with other work are compared fairly); its wall-clock is
+``steps x seconds per iteration``. Reported: the gain of the training reward
+(mean of the last 10 steps minus the first 10) and of the held-out CFG-free
+score, and both per minute; plus a PNG of training reward against that
+wall-clock.
 
     python scripts/bench_grpo.py --iterations 3 --runs runs/main runs/shapes_flowgrpo ... --out outputs/bench_grpo.json
 """
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -107,16 +111,27 @@ def measure(recipe: str, overrides: list[str], iterations: int, output_dir: Path
     return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
 
 
-def reward_per_second(run: Path) -> dict[str, float]:
+def run_config(run: Path, directory: Path) -> str:
+    """A run's resolved config (its ``config.yaml`` minus run facts) written as a recipe under ``directory``."""
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    for key in ("versions", "num_processes", "resume"):
+        data.pop(key, None)
+    path = directory / f"{run.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def reward_per_second(run: Path, seconds_per_iteration: float) -> dict[str, float]:
     rows = [row for row in read_metrics(run / "metrics.jsonl") if "reward/mean" in row]
     first, last = rows[:10], rows[-10:]
     gain = statistics.mean(r["reward/mean"] for r in last) - statistics.mean(r["reward/mean"] for r in first)
-    seconds = rows[-1]["time/elapsed"]
+    seconds = rows[-1]["step"] * seconds_per_iteration
     summary = json.loads((run / "summary.json").read_text())
     tuned = summary.get("tuned", {}).get("1", {}).get("geneval/overall", float("nan"))
     base = summary.get("base", {}).get("1", {}).get("geneval/overall", float("nan"))
     return {
         "steps": rows[-1]["step"],
+        "seconds_per_iteration": seconds_per_iteration,
         "seconds": seconds,
         "train_reward_gain": gain,
         "train_reward_gain_per_minute": 60 * gain / seconds,
@@ -126,13 +141,14 @@ def reward_per_second(run: Path) -> dict[str, float]:
     }
 
 
-def plot_runs(runs: list[Path], path: Path) -> None:
+def plot_runs(runs: dict[Path, float], path: Path) -> None:
+    """Training reward (10-step mean) against ``step x seconds per iteration`` for each run."""
     figure, axis = plt.subplots(figsize=(7, 4))
-    for run in runs:
+    for run, seconds_per_iteration in runs.items():
         rows = [row for row in read_metrics(run / "metrics.jsonl") if "reward/mean" in row]
         rewards = [row["reward/mean"] for row in rows]
         smooth = [statistics.mean(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
-        axis.plot([row["time/elapsed"] / 60 for row in rows], smooth, label=run.name)
+        axis.plot([row["step"] * seconds_per_iteration / 60 for row in rows], smooth, label=run.name)
     axis.set_xlabel("wall-clock minutes (2 CPU cores)")
     axis.set_ylabel("training reward (10-step mean)")
     axis.legend()
@@ -155,39 +171,57 @@ def main() -> None:
 
     results: dict[str, dict] = {"iteration": {}, "reward_per_second": {}}
     scratch = Path(tempfile.mkdtemp(prefix="bench_grpo_"))
+    timings: dict[Path, float] = {}
     try:
         for name, recipe, overrides in VARIANTS:
             results["iteration"][name] = measure(
                 recipe, overrides, args.iterations, scratch / name.replace(" ", "_")
             )
+        for run in map(Path, args.runs):
+            recipe = run_config(run, scratch)  # timed on all cores, whatever threads the run had
+            timings[run] = measure(recipe, ["training.threads=0"], 2, scratch / f"run_{run.name}")[
+                "seconds_per_iteration"
+            ]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
     flat = results["iteration"]["flow_grpo (flat)"]["seconds_per_iteration"]
-    print(
-        f"{'variant':<30}{'s/iter':>8}{'vs flat':>9}{'rollout NFE/img':>17}{'trained trans.':>16}{'train NFE':>11}"
-    )
+    header = ("variant", "s/iter", "vs flat", "rollout NFE/img", "trained trans.", "train NFE")
+    print(f"{header[0]:<30}{header[1]:>8}{header[2]:>9}{header[3]:>17}{header[4]:>16}{header[5]:>11}")
     for name, row in results["iteration"].items():
         row["time_vs_flat"] = row["seconds_per_iteration"] / flat
         print(
             f"{name:<30}{row['seconds_per_iteration']:>8.2f}{row['time_vs_flat']:>9.2f}"
-            f"{row['rollout_nfe_per_image']:>17.2f}{row['trained_transitions']:>16.0f}{row['training_nfe']:>11.0f}"
+            f"{row['rollout_nfe_per_image']:>17.2f}{row['trained_transitions']:>16.0f}"
+            f"{row['training_nfe']:>11.0f}"
         )
-    if args.runs:
+    if timings:
+        header = (
+            "run",
+            "s/iter",
+            "min",
+            "reward gain",
+            "gain/min",
+            "eval base",
+            "eval tuned",
+            "eval gain/min",
+        )
         print(
-            f"\n{'run':<28}{'min':>7}{'reward gain':>13}{'gain/min':>10}{'eval base':>11}{'eval tuned':>12}{'eval gain/min':>15}"
+            f"\n{header[0]:<24}{header[1]:>7}{header[2]:>6}{header[3]:>13}{header[4]:>10}{header[5]:>11}"
+            f"{header[6]:>12}{header[7]:>15}"
         )
-        for run in map(Path, args.runs):
-            row = results["reward_per_second"][run.name] = reward_per_second(run)
+        for run, seconds_per_iteration in timings.items():
+            row = results["reward_per_second"][run.name] = reward_per_second(run, seconds_per_iteration)
             print(
-                f"{run.name:<28}{row['seconds'] / 60:>7.1f}{row['train_reward_gain']:>13.3f}"
-                f"{row['train_reward_gain_per_minute']:>10.4f}{row['eval_base_cfg1']:>11.3f}"
-                f"{row['eval_tuned_cfg1']:>12.3f}{row['eval_gain_per_minute']:>15.4f}"
+                f"{run.name:<24}{row['seconds_per_iteration']:>7.2f}{row['seconds'] / 60:>6.1f}"
+                f"{row['train_reward_gain']:>13.3f}{row['train_reward_gain_per_minute']:>10.4f}"
+                f"{row['eval_base_cfg1']:>11.3f}{row['eval_tuned_cfg1']:>12.3f}{row['eval_gain_per_minute']:>15.4f}"
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    if args.runs:
-        plot_runs([Path(run) for run in args.runs], out.with_suffix(".png"))
+    if timings:
+        plot_runs(timings, out.with_suffix(".png"))
         print(f"reward vs wall-clock: {out.with_suffix('.png')}")
     print(f"wrote {out}")
 

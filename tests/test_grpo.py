@@ -275,3 +275,23 @@ def test_grpo_recipes_train_through_the_loop(tmp_path, tiny_model_dir, name):
     assert [row["step"] for row in rows] == [1, 2]
     assert rows[0]["grpo/ratio"] == 1.0 and rows[0]["grpo/clip_fraction"] == 0.0
     assert all(math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows)
+
+
+def test_same_group_noise_and_dropped_zero_std_groups(tiny_model):
+    config = grpo_config(
+        "flowgrpo",
+        "algorithm.same_group_noise=true",
+        "algorithm.drop_zero_std_groups=true",
+        "training.micro_batch_size=4",
+    )
+    policy = ShapesPolicy(tiny_model)
+    rewards = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.0, 1.0])
+    chunk, cond, rows = rollout_rows(
+        FlowGRPO(config), policy, config, ["a red circle", "two blue squares"], rewards=rewards
+    )
+    starts = rows.data["latents"][:, 0]
+    assert all(torch.equal(starts[i], starts[(i // 4) * 4]) for i in range(8))
+    assert not torch.equal(starts[0], starts[4]) and not torch.equal(
+        chunk.x0[0], chunk.x0[1]
+    )  # SDE noise differs
+    assert rows.weights.tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and rows.log == {"grpo/dropped_samples": 0.5}
