@@ -1,4 +1,6 @@
-"""The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``rewards``, ``reward-server``, ``pretrain-shapes``."""
+"""The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``rewards``, ``reward-server``,
+``pretrain-shapes``, ``demo``.
+"""
 
 from __future__ import annotations
 
@@ -102,6 +104,12 @@ def _train(args: argparse.Namespace) -> None:
     train(load_config(args.config, args.overrides))
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from app.app import launch
+
+    launch(args.tuned, args.base, args.runs, args.host, args.port, args.share)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``flowrl`` subcommand."""
     parser = argparse.ArgumentParser(prog="flowrl", description=__doc__)
@@ -156,6 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML config file (see configs/)")
     train.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. training.steps=50")
     train.set_defaults(run=_train)
+
+    demo = commands.add_parser(
+        "demo", help="Gradio app: base vs tuned model side by side, with their rewards"
+    )
+    demo.add_argument(
+        "tuned",
+        nargs="?",
+        default=None,
+        help="run directory, checkpoint or model directory (default: newest run)",
+    )
+    demo.add_argument("--base", default="shapes-base", help="shipped model name or model directory")
+    demo.add_argument("--runs", default="runs", help="directory whose runs the run selector lists")
+    demo.add_argument(
+        "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"
+    )
+    demo.add_argument("--port", type=int, default=None, help="port (default: 7860, or the next free one)")
+    demo.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    demo.set_defaults(run=_demo)
     return parser
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from flowrl.models.shapes_dit import ShapesDiT
-from samplers import euler, guided_velocity, timesteps
+from samplers import ODE_SOLVERS, guided_velocity, timesteps
 
 
 def seeded_noise(
@@ -42,10 +42,16 @@ def generate(
     guidance_scale: float = 1.0,
     time_shift: float = 1.0,
     batch_size: int = 128,
+    solver: str = "euler",
 ) -> torch.Tensor:
-    """Images ``[B, 3, H, W]`` in [0, 1] for prompts and seeds, Euler ODE, optional CFG (1.0 = off)."""
+    """Images ``[B, 3, H, W]`` in [0, 1] for prompts and seeds, optional CFG (1.0 = off).
+
+    ``solver`` names one of ``samplers.ODE_SOLVERS`` (``euler``, ``heun``, ``dpm2m``).
+    """
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if solver not in ODE_SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; allowed: {sorted(ODE_SOLVERS)}")
     config = model.config
     shape = (config.channels, config.image_size, config.image_size)
     schedule = timesteps(num_steps, shift=time_shift)
@@ -58,5 +64,5 @@ def generate(
             lambda x, t, c: model(x, t, *c), guidance_scale, model.encode_prompts([""] * len(chunk))
         )
         noise = seeded_noise(seeds[start : start + batch_size], shape, device)
-        outputs.append(model_space_to_images(euler(velocity, noise, schedule, cond).x0))
+        outputs.append(model_space_to_images(ODE_SOLVERS[solver](velocity, noise, schedule, cond).x0))
     return torch.cat(outputs)

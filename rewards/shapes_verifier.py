@@ -178,17 +178,21 @@ def _relation_holds(obj: DetectedObject, reference: DetectedObject, relation: st
     raise ValueError(f"unknown relation {relation!r}; allowed: {RELATIONS}")
 
 
-def score_objects(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]) -> tuple[float, float]:
-    """``(strict, partial)`` scores of detected objects against GenEval-style metadata (see module docstring)."""
+def entry_checks(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]) -> list[dict[str, float]]:
+    """Per ``include`` entry, its checks ``{"count": c, "color": c, "position": c}`` (see module docstring).
+
+    ``color`` and ``position`` appear only for entries that name them; this is
+    the per-object verdict behind :func:`score_objects`.
+    """
     include = metadata["include"]
-    checks: list[float] = []
+    verdicts: list[dict[str, float]] = []
     for entry in include:
         of_class = [obj for obj in objects if obj.shape == entry["class"]]
         wanted = int(entry.get("count", 1))
         found = len(of_class)
-        checks.append(1.0 if found == wanted else max(0.0, 1.0 - abs(found - wanted) / wanted))
+        checks = {"count": 1.0 if found == wanted else max(0.0, 1.0 - abs(found - wanted) / wanted)}
         if "color" in entry:
-            checks.append(sum(obj.color == entry["color"] for obj in of_class) / max(found, 1))
+            checks["color"] = sum(obj.color == entry["color"] for obj in of_class) / max(found, 1)
         if "position" in entry:
             relation, reference_index = entry["position"]
             holds = any(
@@ -196,7 +200,14 @@ def score_objects(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]
                 for candidate in _of_entry(objects, entry)
                 for reference in _of_entry(objects, include[reference_index])
             )
-            checks.append(1.0 if holds else 0.0)
+            checks["position"] = 1.0 if holds else 0.0
+        verdicts.append(checks)
+    return verdicts
+
+
+def score_objects(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]) -> tuple[float, float]:
+    """``(strict, partial)`` scores of detected objects against GenEval-style metadata (see module docstring)."""
+    checks = [value for verdict in entry_checks(objects, metadata) for value in verdict.values()]
     strict = 1.0 if all(check == 1.0 for check in checks) else 0.0
     return strict, float(np.mean(checks))
 

@@ -1,0 +1,119 @@
+"""Runs, checkpoints and models as the app offers them: finding runs, loading a tuned model, reading a run.
+
+A *source* is what the app can load as a model: a shipped model name
+(``shapes-base``), a model directory (``config.json`` + weights, such as a
+run's ``model/``), a run directory (its ``model/``, or its newest checkpoint
+while it has none yet) or a checkpoint directory ``checkpoints/step_XXXXXX``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
+from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
+from flowrl.models.shapes_dit import CONFIG_NAME
+
+#: The reward a run without a readable ``config.yaml`` is scored with (the trainer's default).
+DEFAULT_REWARDS: dict[str, Any] = {"shapes_verifier": 1.0}
+
+
+def _modified(path: Path) -> float:
+    """Newest modification time of ``path`` and its direct children."""
+    return max([path.stat().st_mtime] + [child.stat().st_mtime for child in path.iterdir()])
+
+
+def is_run(path: Path) -> bool:
+    """Whether ``path`` is a run directory with a tuned model or a checkpoint to load."""
+    return (path / "model" / CONFIG_NAME).is_file() or bool(list_checkpoints(path / "checkpoints"))
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories directly under ``root`` that hold a model or a checkpoint, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        (path for path in root.iterdir() if path.is_dir() and is_run(path)), key=_modified, reverse=True
+    )
+
+
+def source_choices(root: str | Path) -> list[str]:
+    """What the tuned-model selector lists: each run, newest first, followed by its checkpoints (newest first)."""
+    choices = []
+    for run in find_runs(root):
+        choices.append(str(run))
+        choices.extend(str(checkpoint) for checkpoint in reversed(list_checkpoints(run / "checkpoints")))
+    return choices
+
+
+def run_dir_of(source: str | Path) -> Path | None:
+    """The run directory a source belongs to (for its metrics and reward), or None (shipped or loose model)."""
+    path = Path(source)
+    for candidate in (path, path.parent, path.parent.parent):
+        if (candidate / "metrics.jsonl").is_file() or (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+def run_config(run_dir: Path | None) -> dict[str, Any]:
+    """The run's ``config.yaml`` as a mapping (empty when there is none)."""
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return {}
+    return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+
+
+def reward_spec(source: str | Path) -> dict[str, Any]:
+    """The ``rewards`` section the source's run trained with, :data:`DEFAULT_REWARDS` otherwise."""
+    return run_config(run_dir_of(source)).get("rewards") or dict(DEFAULT_REWARDS)
+
+
+def _from_checkpoint(checkpoint: Path, base: str) -> ShapesDiT:
+    """The tuned network of a checkpoint (EMA when kept), on the architecture of its run's base model."""
+    run_dir = run_dir_of(checkpoint)
+    model = load_shapes_model(run_config(run_dir).get("model", {}).get("name", base))
+    _, payload = read_checkpoint(checkpoint)
+    policy = payload["policy"]
+    model.load_state_dict(policy["ema"] if "ema" in policy else policy["model"])
+    return model
+
+
+def _resolve(source: str, base: str) -> ShapesDiT:
+    if source in SHIPPED_MODELS:
+        return load_shapes_model(source)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"no model, run or checkpoint at {source!r}")
+    if (path / CONFIG_NAME).is_file():
+        return load_shapes_model(str(path))
+    if (path / "model" / CONFIG_NAME).is_file():
+        return load_shapes_model(str(path / "model"))
+    if (path / MANIFEST).is_file():
+        return _from_checkpoint(path, base)
+    latest = resumable_checkpoint("latest", path / "checkpoints")
+    if latest is not None:
+        return _from_checkpoint(latest, base)
+    raise FileNotFoundError(
+        f"{source!r} is neither a shipped model {sorted(SHIPPED_MODELS)}, a model directory, "
+        "a run directory with model/ or checkpoints/, nor a checkpoint directory"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _cached(source: str, base: str, stamp: float, device: str) -> ShapesDiT:
+    return _resolve(source, base).to(device).eval()
+
+
+def load_model(source: str, base: str = "shapes-base", device: str | torch.device = "cpu") -> ShapesDiT:
+    """The model of a source (see module docstring), cached until the source changes on disk.
+
+    ``base`` names the architecture of a checkpoint whose run has no ``config.yaml``.
+    """
+    path = Path(source)
+    stamp = _modified(path) if source not in SHIPPED_MODELS and path.is_dir() else 0.0
+    return _cached(source, base, stamp, str(device))
