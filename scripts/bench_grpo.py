@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import matplotlib
+import torch
 import yaml
 
 matplotlib.use("Agg")
@@ -84,6 +85,7 @@ def measure(recipe: str, overrides: list[str], iterations: int, output_dir: Path
         recipe,
         [*overrides, f"logging.output_dir={output_dir}", "logging.sample_every=0", "logging.progress=false"],
     )
+    torch.backends.mha.set_fastpath_enabled(True)  # as in a fresh process: GRPO algorithms switch it off
     trainer = Trainer(config)
     counter = EvaluationCounter(trainer)
     images = config.images_per_step

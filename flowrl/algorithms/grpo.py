@@ -104,6 +104,10 @@ class _GRPOBase:
         self.config = config.algorithm
         self.guidance_scale = config.sampler.guidance_scale
         self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
+        # Exact ratios need the sampling copy and the trained model to run the same kernels. torch's fused
+        # attention "fast path" (nn.TransformerEncoder, nn.MultiheadAttention) runs only for frozen or
+        # no-grad eval-mode calls, i.e. for the sampling copy alone: it is switched off for GRPO runs.
+        torch.backends.mha.set_fastpath_enabled(False)
 
     def _velocity(self, velocity: VelocityFn, policy: Policy, cond: Any) -> VelocityFn:
         """``velocity``, or with ``train_guidance`` its CFG mix ``v_u + w (v_c - v_u)`` with the

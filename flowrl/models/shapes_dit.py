@@ -94,10 +94,6 @@ class TextEncoder(nn.Module):
         layer = nn.TransformerEncoderLayer(
             width, config.text_heads, 2 * width, dropout=0.0, batch_first=True, norm_first=True
         )
-        # No fused "fast path": torch takes it only for frozen or no-grad eval-mode calls, so the old and
-        # reference copies would compute text features with other kernels than the trained model, and a
-        # GRPO ratio on the first inner step would differ from 1 in the last bits.
-        layer.activation_relu_or_gelu = 0
         self.encoder = nn.TransformerEncoder(layer, config.text_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width)
         nn.init.normal_(self.position_embedding, std=0.02)
