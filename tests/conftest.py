@@ -36,3 +36,12 @@ def tiny_model_dir(tmp_path, tiny_model):
     directory = tmp_path / "tiny_model"
     tiny_model.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: tiny models sample fastest so, and the machine's cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

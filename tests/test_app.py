@@ -19,13 +19,7 @@ from rewards import ShapesVerifier
 PROMPT = "a red circle and a blue square"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models sample fastest on one thread, and the test machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from app_runs import make_run
 from PIL import Image
 from selenium import webdriver
@@ -44,13 +43,7 @@ PROMPT = "a red circle and a blue square"
 NUM_IMAGES, NUM_STEPS = 4, 20  # the app's defaults, with seeds 0, 1, 2, 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models sample fastest on one thread, and the test machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _free_port() -> int:

@@ -174,6 +174,17 @@ class _GRPOBase:
         }
         return weighted_mean(loss, batch.weights), stats
 
+    def draw(
+        self,
+        generator: torch.Generator,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        grid: torch.Tensor,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        """No per-sample draws (rows that are samples override this)."""
+        return {}
+
     def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
         """The sampling policy becomes a copy of the trained one: the next rollout is on-policy."""
         policy.update_old(0.0)
@@ -450,16 +461,6 @@ class BranchGRPO(_GRPOBase):
                 parts.setdefault(key, []).append(value)
         data = {key: torch.cat(values) for key, values in parts.items()}
         return TrainRows(data, data.pop("cond_index"), data.pop("advantage"))
-
-    def draw(
-        self,
-        generator: torch.Generator,
-        num_samples: int,
-        sample_shape: tuple[int, ...],
-        grid: torch.Tensor,
-        step: int,
-    ) -> dict[str, torch.Tensor]:
-        return {}
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int
