@@ -107,7 +107,9 @@ class Trainer:
         self.local_images, self.micro_batches = config.per_process(acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
         self.algorithm = build_algorithm(config)
-        for step in range(1, config.sampler.num_steps + 1):  # window schedules repeat within num_steps
+        # Row counts can follow a sliding window; the first num_steps steps cover every window position
+        # with stride and every 1, and each step checks its own units again.
+        for step in range(1, config.sampler.num_steps + 1):
             self.update_units(self.algorithm.num_rows(self.local_images, step))
         self.prompts = load_prompts(config.data.prompts)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
