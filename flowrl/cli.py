@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,7 +41,7 @@ def _eval(args: argparse.Namespace) -> None:
     for scale in args.cfg:
         name = "eval_cfg_free" if scale == 1.0 else f"eval_cfg_{scale:g}"
         scores, images, items, rewards = evaluate(
-            model, records, args.images_per_task, args.steps, scale, args.seed
+            partial(generate, model), records, args.images_per_task, args.steps, scale, args.seed
         )
         json_path, grid_path = write_evaluation(args.out, name, scores, images, items, rewards)
         summary[name] = scores

@@ -36,11 +36,37 @@ def _at_least(minimum: float, strict: bool = False) -> dict[str, Any]:
 
 @dataclass
 class ModelConfig:
-    """The policy: a shipped shapes model name or a model directory."""
+    """The policy backend and its model (one flat section; each key says which backends read it).
+
+    ``shapes``: a shipped shapes model name (``shapes-base``) or a saved
+    ShapesDiT directory, fully fine-tuned. ``sd3`` (SD3/SD3.5) and ``flux``
+    (FLUX.1): a diffusers ``from_pretrained`` id (read from the local HF cache
+    when offline) or pipeline directory, trained through peft LoRA adapters
+    (``lora_rank: 0`` = full fine-tuning of the transformer).
+    """
 
     name: str = "shapes-base"
-    backend: str = field(default="shapes", metadata=_choice("shapes"))
+    backend: str = field(default="shapes", metadata=_choice("shapes", "sd3", "flux"))
+    #: the frozen weights' dtype (sd3, flux); trainable LoRA weights stay float32
     dtype: str = field(default="float32", metadata=_choice("float32", "bfloat16", "float16"))
+    # --- sd3, flux
+    height: int = field(default=512, metadata=_at_least(16))
+    width: int = field(default=512, metadata=_at_least(16))
+    #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX)
+    max_sequence_length: int | None = field(default=None, metadata=_at_least(1))
+    #: FLUX.1-dev's embedded guidance value (models without a guidance input ignore it)
+    guidance: float = field(default=3.5, metadata=_at_least(0.0))
+    lora_rank: int = field(default=32, metadata=_at_least(0))
+    lora_alpha: float = field(default=64.0, metadata=_at_least(0.0, strict=True))
+    #: module name suffixes to adapt (empty = the attention projections of every block)
+    lora_target_modules: list[str] = field(default_factory=list)
+    gradient_checkpointing: bool = False
+    #: a diffusers attention backend (``native`` = PyTorch SDPA, ``xformers``, ``flash``, ...); None = default
+    attention_backend: str | None = None
+    #: ``torch.compile`` the transformer
+    compile: bool = False
+    #: keep the text encoders on the CPU between prompt encodings
+    offload_text_encoders: bool = True
 
 
 @dataclass
@@ -49,7 +75,8 @@ class SamplerConfig:
 
     solver: str = field(default="euler", metadata=_choice("euler", "heun", "dpm2m"))
     num_steps: int = field(default=10, metadata=_at_least(1))
-    time_shift: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)``; None = the model's own (1 for shapes)
+    time_shift: float | None = field(default=None, metadata=_at_least(0.0, strict=True))
     guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
 
 
@@ -365,6 +392,7 @@ def _check_cross_fields(config: TrainConfig) -> None:
         raise ConfigError(
             f"data.prompts={prompts!r} is not allowed; use 'shapes-train' or an existing .jsonl/.txt file"
         )
+    _check_model(config.model)
     _check_grpo(config)
     if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
         raise ConfigError(
@@ -372,6 +400,35 @@ def _check_cross_fields(config: TrainConfig) -> None:
             f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
             "lower it or use algorithm.timesteps=sampled"
         )
+
+
+def _check_model(model: ModelConfig) -> None:
+    """Backend-specific model settings."""
+    if model.backend == "shapes":
+        if model.dtype != "float32":
+            raise ConfigError(
+                f"model.dtype={model.dtype!r} is not allowed for the shapes backend; it trains in float32 only"
+            )
+        return
+    if model.name == "shapes-base":
+        raise ConfigError(
+            f"model.name='shapes-base' is not allowed for model.backend={model.backend!r}; give a diffusers "
+            "pipeline id (e.g. stabilityai/stable-diffusion-3.5-medium) or directory"
+        )
+    for key in ("height", "width"):
+        if getattr(model, key) % 16:
+            raise ConfigError(
+                f"model.{key}={getattr(model, key)} is not allowed; it must be a multiple of 16 "
+                "(VAE downsampling x latent packing)"
+            )
+    if model.attention_backend is not None:
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        allowed = [backend.value for backend in AttentionBackendName]
+        if model.attention_backend not in allowed:
+            raise ConfigError(
+                f"model.attention_backend={model.attention_backend!r} is not allowed; allowed: {allowed}"
+            )
 
 
 def _check_grpo(config: TrainConfig) -> None:

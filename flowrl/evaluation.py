@@ -1,4 +1,8 @@
-"""GenEval-style evaluation of a shapes-world model on held-out prompts.
+"""GenEval-style evaluation of a text-to-image model on the shapes world's held-out prompts.
+
+The model is any ``ImageSampler``: ``(prompts, seeds, num_steps,
+guidance_scale) -> images [B, 3, H, W] in [0, 1]`` (``partial(generate,
+shapes_model)`` or a policy's ``generate``).
 
 Per task, ``images_per_task`` images are drawn from the task's test prompts in
 turn, image ``j`` of the whole evaluation with seed ``seed + j``. A task's
@@ -9,17 +13,17 @@ is the mean of the six task accuracies (GenEval's overall score).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from flowrl.generate import generate
 from flowrl.grid import save_grid
 from flowrl.shapes.grammar import TASKS, PromptRecord
 from rewards.shapes_verifier import ShapesVerifier
+
+ImageSampler = Callable[[Sequence[str], Sequence[int], int, float], torch.Tensor]
 
 
 def evaluation_items(
@@ -57,17 +61,17 @@ def geneval_scores(tags: Sequence[str], strict: torch.Tensor, partial: torch.Ten
 
 
 def evaluate(
-    model: nn.Module,
+    sample_images: ImageSampler,
     records: Sequence[PromptRecord],
     images_per_task: int = 64,
     num_steps: int = 20,
     guidance_scale: float = 1.0,
     seed: int = 0,
 ) -> tuple[dict[str, Any], torch.Tensor, list[tuple[PromptRecord, int]], dict[str, torch.Tensor]]:
-    """``(scores, images, items, rewards)`` of the model on ``records`` (see module docstring)."""
+    """``(scores, images, items, rewards)`` of the sampled images on ``records`` (see module docstring)."""
     items = evaluation_items(records, images_per_task, seed)
-    images = generate(
-        model, [record["prompt"] for record, _ in items], [s for _, s in items], num_steps, guidance_scale
+    images = sample_images(
+        [record["prompt"] for record, _ in items], [s for _, s in items], num_steps, guidance_scale
     )
     rewards = ShapesVerifier()(
         images, [record["prompt"] for record, _ in items], [record for record, _ in items]

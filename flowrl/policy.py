@@ -10,13 +10,14 @@ Copies are cheap here (2.6M parameters); LoRA backends keep adapters instead.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from flowrl.generate import model_space_to_images
+from flowrl.generate import generate, model_space_to_images
 from flowrl.models.shapes_dit import ShapesDiT
 
 
@@ -34,6 +35,15 @@ class ShapesPolicy:
         self.ema_decay = ema_decay
         self.ema = _frozen_copy(base) if ema_decay > 0 else None
         self.sample_shape = (base.config.channels, base.config.image_size, base.config.image_size)
+
+    #: the shapes world is trained and sampled on the unshifted grid
+    time_shift = 1.0
+
+    def to(self, device: torch.device | str) -> ShapesPolicy:
+        for model in (self.model, self.old, self.reference, self.ema):
+            if model is not None:
+                model.to(device)
+        return self
 
     @property
     def unwrapped(self) -> ShapesDiT:
@@ -87,6 +97,18 @@ class ShapesPolicy:
         self.old.load_state_dict(state["old"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        num_steps: int,
+        guidance_scale: float = 1.0,
+        model: str = "tuned",
+    ) -> torch.Tensor:
+        """Images in [0, 1] from the ``tuned`` or ``base`` model (see :func:`flowrl.generate.generate`)."""
+        network = {"tuned": self.tuned, "base": lambda: self.reference}[model]()
+        return generate(network, prompts, seeds, num_steps, guidance_scale)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write the tuned network as a loadable ShapesDiT directory."""

@@ -26,7 +26,9 @@ import importlib.util
 import json
 import platform
 import random
+import resource
 import time
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -39,12 +41,11 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from flowrl.algorithms import RolloutChunk, TrainBatch, build_algorithm
+from flowrl.backends import build_policy
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import seeded_noise
-from flowrl.models import load_shapes_model
-from flowrl.policy import ShapesPolicy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, plot_curves, save_sample_grid
 from flowrl.shapes.grammar import TASKS, shipped_prompts
@@ -65,6 +66,15 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak accelerator memory (GiB) since the previous call on CUDA; elsewhere the process's peak resident set."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -121,14 +131,11 @@ class Trainer:
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
-        self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
 
         torch.manual_seed(config.training.seed)
-        self.policy = ShapesPolicy(load_shapes_model(config.model.name), config.training.ema_decay)
-        self.policy.old.to(acc.device)
-        self.policy.reference.to(acc.device)
-        if self.policy.ema is not None:
-            self.policy.ema.to(acc.device)
+        self.policy = build_policy(config.model, config.training.ema_decay).to(acc.device)
+        shift = config.sampler.time_shift if config.sampler.time_shift is not None else self.policy.time_shift
+        self.grid = timesteps(config.sampler.num_steps, shift=shift)
         self.optimizer = torch.optim.AdamW(
             self.policy.trainable_parameters(),
             lr=config.training.learning_rate,
@@ -192,10 +199,10 @@ class Trainer:
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, model: torch.nn.Module, guidance_scale: float, name: str) -> dict[str, Any]:
-        """Held-out GenEval-style scores of ``model`` (main process), written under ``eval/``."""
+    def evaluate(self, model: str, guidance_scale: float, name: str) -> dict[str, Any]:
+        """Held-out GenEval-style scores of the ``tuned`` or ``base`` model (main process), under ``eval/``."""
         scores, images, items, rewards = evaluate(
-            model,
+            partial(self.policy.generate, model=model),
             shipped_prompts("test"),
             self.config.evaluation.images_per_task,
             self.config.evaluation.num_steps,
@@ -354,6 +361,7 @@ class Trainer:
             "time/loss_backward": train_seconds - optimizer_seconds,
             "time/optimizer": optimizer_seconds,
             "time/step": time.perf_counter() - step_start,
+            "memory/peak_gb": peak_memory_gb(acc.device),
             "num_processes": acc.num_processes,
         }
         if (
@@ -386,9 +394,8 @@ class Trainer:
         base_scores: dict[str, Any] = {}
         if acc.is_main_process:
             if self.step == 0 or not summary_path.is_file():
-                base_model = self.policy.reference
                 for scale in config.evaluation.base_guidance_scales:
-                    base_scores[f"{scale:g}"] = self.evaluate(base_model, scale, f"base_cfg{scale:g}")
+                    base_scores[f"{scale:g}"] = self.evaluate("base", scale, f"base_cfg{scale:g}")
                 summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
                 if "1" in base_scores and log is not None:  # the base, CFG-free, as step 0 of the eval curve
                     base_row = {
@@ -417,7 +424,7 @@ class Trainer:
                     and self.step < config.training.steps
                 ):
                     if acc.is_main_process:
-                        scores = self.evaluate(self.policy.tuned(), 1.0, f"step_{self.step:06d}_cfg1")
+                        scores = self.evaluate("tuned", 1.0, f"step_{self.step:06d}_cfg1")
                         row.update({f"eval/{k}": v for k, v in scores.items() if k.startswith("geneval/")})
                     acc.wait_for_everyone()
                 if log is not None:
@@ -441,7 +448,7 @@ class Trainer:
         if acc.is_main_process:
             self.policy.save_pretrained(self.output_dir / "model")
             tuned = {
-                f"{scale:g}": self.evaluate(self.policy.tuned(), scale, f"tuned_cfg{scale:g}")
+                f"{scale:g}": self.evaluate("tuned", scale, f"tuned_cfg{scale:g}")
                 for scale in self.config.evaluation.guidance_scales
             }
             final = (
@@ -460,10 +467,11 @@ class Trainer:
                 "output_dir": str(self.output_dir),
             }
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            print(summary_table(base_scores, tuned))
+            if base_scores or tuned:
+                print(summary_table(base_scores, tuned))
+                print(f"eval grids:  {self.output_dir / 'eval'}")
             print(f"tuned model: {self.output_dir / 'model'}")
             print(f"curves:      {self.output_dir / 'curves.png'}")
-            print(f"eval grids:  {self.output_dir / 'eval'}")
         acc.wait_for_everyone()
         acc.end_training()
         return summary

@@ -56,7 +56,6 @@ from samplers import (
     select_rows,
     sliding_window,
     stochastic_steps,
-    timesteps,
     transition_log_prob,
     tree_sample,
 )
@@ -103,7 +102,6 @@ class _GRPOBase:
         self.train_config = config
         self.config = config.algorithm
         self.guidance_scale = config.sampler.guidance_scale
-        self.grid = timesteps(config.sampler.num_steps, shift=config.sampler.time_shift)
         # Exact ratios need the sampling copy and the trained model to run the same kernels. torch's fused
         # attention "fast path" (nn.TransformerEncoder, nn.MultiheadAttention) runs only for frozen or
         # no-grad eval-mode calls, i.e. for the sampling copy alone: it is switched off for GRPO runs.
@@ -226,12 +224,17 @@ class FlowGRPO(_GRPOBase):
             sde_window(self.train_config, step),
             generator,
         )
-        return RolloutChunk(rollout.x0, {"latents": rollout.latents, "log_probs": rollout.log_probs})
+        data = {
+            "latents": rollout.latents,
+            "log_probs": rollout.log_probs,
+            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
+        }
+        return RolloutChunk(rollout.x0, data)
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
-        data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in ("latents", "log_probs")}
+        data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}
         weights, log = None, {}
         if self.config.drop_zero_std_groups:
             grouped = rewards.view(-1, self.train_config.training.group_size)
@@ -260,15 +263,15 @@ class FlowGRPO(_GRPOBase):
         latents, log_probs = batch.data["latents"], batch.data["log_probs"]
         index = batch.draws["step"][pass_index].to(latents.device)
         rows = torch.arange(latents.shape[0], device=latents.device)
-        grid = self.grid.to(latents.device)
+        grid = batch.data["timesteps"]
         level = torch.full((latents.shape[0],), self.config.noise_level, device=latents.device)
         return self.transition_loss(
             policy,
             batch,
             latents[rows, index],
             latents[rows, index + 1],
-            grid[index],
-            grid[index + 1],
+            grid[rows, index],
+            grid[rows, index + 1],
             level,
             log_probs[rows, index],
         )

@@ -1,0 +1,50 @@
+"""The policy backend a config names: the shapes model or a diffusers pipeline (SD3/SD3.5, FLUX)."""
+
+from __future__ import annotations
+
+from flowrl.config import ModelConfig
+from flowrl.diffusers_policy import DiffusersPolicy
+from flowrl.models import load_shapes_model
+from flowrl.models.diffusers_model import DiffusersFlowModel
+from flowrl.policy import ShapesPolicy
+
+
+def diffusers_backend_class(backend: str) -> type[DiffusersFlowModel]:
+    from flowrl.models.flux import FluxModel
+    from flowrl.models.sd3 import SD3Model
+
+    return {"sd3": SD3Model, "flux": FluxModel}[backend]
+
+
+def load_diffusers_model(config: ModelConfig) -> DiffusersFlowModel:
+    """The SD3 or FLUX pipeline of ``config.name`` with the config's size, text length and attention."""
+    extra = {"guidance": config.guidance} if config.backend == "flux" else {}
+    backend = diffusers_backend_class(config.backend).from_pretrained(
+        config.name,
+        config.dtype,
+        height=config.height,
+        width=config.width,
+        max_sequence_length=config.max_sequence_length,
+        offload_text_encoders=config.offload_text_encoders,
+        **extra,
+    )
+    if config.attention_backend:
+        backend.transformer.set_attention_backend(config.attention_backend)
+    return backend
+
+
+def build_policy(config: ModelConfig, ema_decay: float = 0.0) -> ShapesPolicy | DiffusersPolicy:
+    """The trainable policy with its old, reference (and EMA) models, on the CPU."""
+    if config.backend == "shapes":
+        return ShapesPolicy(load_shapes_model(config.name), ema_decay)
+    policy = DiffusersPolicy(
+        load_diffusers_model(config),
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_target_modules=config.lora_target_modules,
+        ema_decay=ema_decay,
+        gradient_checkpointing=config.gradient_checkpointing,
+    )
+    if config.compile:
+        policy.backend.transformer.compile()
+    return policy

@@ -1,0 +1,273 @@
+"""The diffusers policy backend: SD3/SD3.5 or FLUX with peft LoRA (or full fine-tuning).
+
+LoRA (``lora_rank > 0``): one transformer carries three peft adapters on the
+same target modules and no second copy of the base weights:
+
+- ``default`` — trained (float32 even when the base runs in bf16/fp16);
+- ``old`` — the sampling policy, moved by ``theta_old <- d theta_old + (1 - d) theta``;
+- ``ema`` — the weight average saved as the tuned model (only with ``ema_decay > 0``);
+
+and the **reference** is the base: the same transformer with its adapters
+disabled. Whichever adapter a call needs is switched on for that call only;
+``default`` is active again on return, so that gradient checkpointing
+recomputes the trained forward with the trained adapter.
+
+Full fine-tuning (``lora_rank = 0``) trains the transformer itself and keeps
+explicit frozen copies for ``old``, ``reference`` (and ``ema``).
+
+The tuned LoRA is saved in diffusers' format
+(``pytorch_lora_weights.safetensors``, keys prefixed ``transformer.``, the
+peft config in the file's metadata), so ``pipe.load_lora_weights(dir)`` on a
+stock pipeline reproduces the tuned model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flowrl.models.diffusers_model import DiffusersFlowModel
+from samplers import ODE_SOLVERS, guided_velocity, timesteps
+
+TRAINED, OLD, EMA = "default", "old", "ema"
+
+
+class DiffusersPolicy:
+    """A diffusers flow model with its trained, old, reference and EMA velocities (see module docstring)."""
+
+    def __init__(
+        self,
+        backend: DiffusersFlowModel,
+        lora_rank: int = 32,
+        lora_alpha: float = 64.0,
+        lora_target_modules: Sequence[str] = (),
+        ema_decay: float = 0.0,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.ema_decay = ema_decay
+        self.lora_rank = lora_rank
+        transformer = backend.transformer
+        transformer.requires_grad_(False)
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.old = self.reference = self.ema = None
+        if lora_rank:
+            from peft import LoraConfig
+
+            self.lora_config = LoraConfig(
+                r=lora_rank,
+                lora_alpha=lora_alpha,
+                init_lora_weights="gaussian",
+                target_modules=list(lora_target_modules or backend.default_lora_targets),
+            )
+            adapters = [TRAINED, OLD] + ([EMA] if ema_decay > 0 else [])
+            for name in adapters:
+                with warnings.catch_warnings():  # peft warns that a second adapter is added: it is meant to be
+                    warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                    transformer.add_adapter(copy.deepcopy(self.lora_config), adapter_name=name)
+            self._adapter_parameters = {name: self._named_adapter_parameters(name) for name in adapters}
+            for name, parameters in self._adapter_parameters.items():
+                for parameter in parameters.values():
+                    parameter.data = parameter.data.float()
+                    parameter.requires_grad_(name == TRAINED)
+            with torch.no_grad():
+                for name in adapters[1:]:
+                    self._copy_adapter(TRAINED, name)
+            transformer.set_adapter(TRAINED)
+        else:
+            transformer.requires_grad_(True)
+            self.old = _frozen_copy(transformer)
+            self.reference = _frozen_copy(transformer)
+            self.ema = _frozen_copy(transformer) if ema_decay > 0 else None
+        transformer.train()
+        #: the trained network (replaced by its DDP wrapper after ``accelerator.prepare``)
+        self.model: nn.Module = transformer
+
+    # --- adapters ------------------------------------------------------------------------------------
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def _named_adapter_parameters(self, adapter: str) -> dict[str, nn.Parameter]:
+        """An adapter's parameters by name with the adapter's name taken out (so adapters line up)."""
+        marker = f".{adapter}."
+        return {
+            name.replace(marker, "."): parameter
+            for name, parameter in self.backend.transformer.named_parameters()
+            if marker in name and ".lora_" in name
+        }
+
+    def _copy_adapter(self, source: str, target: str) -> None:
+        targets = self._adapter_parameters[target]
+        for name, parameter in self._adapter_parameters[source].items():
+            targets[name].copy_(parameter.detach())
+
+    @contextlib.contextmanager
+    def _active(self, adapter: str | None) -> Iterator[None]:
+        """Run with only ``adapter`` on (None: adapters disabled = the base); ``default`` on again after."""
+        transformer = self.backend.transformer
+        if adapter is None:
+            transformer.disable_adapters()
+        elif adapter != TRAINED:
+            transformer.set_adapter(adapter)
+        try:
+            yield
+        finally:
+            if adapter is None:
+                transformer.enable_adapters()
+            transformer.set_adapter(TRAINED)  # also gives the trained adapter its requires_grad back
+
+    # --- velocities ----------------------------------------------------------------------------------
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.backend.sample_shape
+
+    @property
+    def time_shift(self) -> float:
+        return self.backend.time_shift
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
+        return self.backend.encode(prompts)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backend.decode(x)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self.backend.velocity(self.model, x, t, cond)
+
+    def old_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        if self.lora_rank:
+            with self._active(OLD):
+                return self.backend.velocity(self.backend.transformer, x, t, cond)
+        return self.backend.velocity(self.old, x, t, cond)
+
+    def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        if self.lora_rank:
+            with self._active(None):
+                return self.backend.velocity(self.backend.transformer, x, t, cond)
+        return self.backend.velocity(self.reference, x, t, cond)
+
+    def tuned_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        """The velocity of the model that is saved: the EMA when kept, else the trained weights."""
+        if self.lora_rank:
+            with self._active(EMA if self.ema_decay > 0 else TRAINED):
+                return self.backend.velocity(self.backend.transformer, x, t, cond)
+        return self.backend.velocity(self.ema if self.ema is not None else self.unwrapped, x, t, cond)
+
+    # --- training state ------------------------------------------------------------------------------
+
+    def to(self, device: torch.device | str) -> DiffusersPolicy:
+        self.backend.to(device)
+        for copy_ in (self.old, self.reference, self.ema):
+            if copy_ is not None:
+                copy_.to(device)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        if self.lora_rank:
+            return list(self._adapter_parameters[TRAINED].values())
+        return [p for p in self.unwrapped.parameters() if p.requires_grad]
+
+    def _pairs(self, target: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(target, trained)`` parameter pairs for the old or EMA weights."""
+        if self.lora_rank:
+            trained = self._adapter_parameters[TRAINED]
+            return ((p, trained[name]) for name, p in self._adapter_parameters[target].items())
+        copy_ = self.old if target == OLD else self.ema
+        return zip(copy_.parameters(), self.unwrapped.parameters())
+
+    @torch.no_grad()
+    def update_old(self, decay: float) -> None:
+        """``theta_old <- decay * theta_old + (1 - decay) * theta``."""
+        for old, new in self._pairs(OLD):
+            old.lerp_(new.detach().to(old.dtype), 1 - decay)
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        """``theta_ema <- d * theta_ema + (1 - d) * theta`` (no-op without EMA)."""
+        if self.ema_decay > 0:
+            for ema, new in self._pairs(EMA):
+                ema.lerp_(new.detach().to(ema.dtype), 1 - self.ema_decay)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """LoRA: every adapter's tensors; full fine-tuning: the trained, old and EMA networks."""
+        if self.lora_rank:
+            return {
+                name: {key: p.detach().clone() for key, p in parameters.items()}
+                for name, parameters in self._adapter_parameters.items()
+            }
+        state = {"model": self.unwrapped.state_dict(), "old": self.old.state_dict()}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        if self.lora_rank:
+            for name, parameters in self._adapter_parameters.items():
+                if set(state[name]) != set(parameters):
+                    raise ValueError(f"checkpoint adapter {name!r} does not match this model's LoRA layers")
+                for key, parameter in parameters.items():
+                    parameter.copy_(state[name][key])
+            return
+        self.unwrapped.load_state_dict(state["model"])
+        self.old.load_state_dict(state["old"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+
+    # --- sampling and saving -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        num_steps: int,
+        guidance_scale: float = 1.0,
+        model: str = "tuned",
+        batch_size: int = 16,
+    ) -> torch.Tensor:
+        """Images in [0, 1] from the ``tuned`` or ``base`` model: Euler on the model's shifted grid,
+        noise of image ``i`` seeded by ``seeds[i]``, CFG against the empty prompt when ``guidance_scale > 1``."""
+        from flowrl.generate import seeded_noise
+
+        velocity = {"tuned": self.tuned_velocity, "base": self.reference_velocity}[model]
+        grid = timesteps(num_steps, shift=self.time_shift)
+        guided = guided_velocity(velocity, guidance_scale, self.encode([""]))
+        images = []
+        for start in range(0, len(prompts), batch_size):
+            cond = self.encode(list(prompts[start : start + batch_size]))
+            noise = seeded_noise(seeds[start : start + batch_size], self.sample_shape, self.backend.device)
+            images.append(self.decode(ODE_SOLVERS["euler"](guided, noise, grid, cond).x0))
+        return torch.cat(images)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """LoRA: ``pytorch_lora_weights.safetensors`` in diffusers' format; full: the tuned ``transformer/``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if not self.lora_rank:
+            (self.ema if self.ema is not None else self.unwrapped).save_pretrained(directory / "transformer")
+            return
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = EMA if self.ema_decay > 0 else TRAINED
+        layers = get_peft_model_state_dict(self.backend.transformer, adapter_name=adapter)
+        self.backend.pipeline_class().save_lora_weights(
+            directory,
+            transformer_lora_layers=layers,
+            transformer_lora_adapter_metadata=self.lora_config.to_dict(),
+        )
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model).eval().requires_grad_(False)

@@ -1,0 +1,156 @@
+"""What the SD3 and FLUX backends share: a loaded diffusers pipeline seen as a velocity model.
+
+A backend turns the pipeline into the pieces the trainer needs:
+
+- ``encode(prompts)``: conditioning tuples, one row per prompt, cached per
+  prompt on the CPU; the text encoders visit the accelerator only while they
+  encode (``offload_text_encoders``) and are never trained;
+- ``velocity(transformer, x, t, cond)``: the flow velocity ``v = eps - x0`` at
+  time ``t`` in [0, 1] (diffusers' sigma) of latents ``x`` in the sampler's
+  layout (``sample_shape``), returned in ``x``'s dtype;
+- ``decode(x)``: images in [0, 1] through the VAE, kept in float32 and run in
+  chunks: ``image = VAE(x / scaling_factor + shift_factor)``;
+- ``time_shift``: the model's own SD3 shift ``s`` of
+  ``t' = s t / (1 + (s - 1) t)`` read from its scheduler config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DiffusersFlowModel:
+    """Base class of the diffusers backends (see module docstring); subclasses name their pipeline."""
+
+    #: the diffusers pipeline class (imported lazily: diffusers is slow to import)
+    pipeline_class_name: ClassVar[str]
+    #: default text length of the T5 encoder (tokens) when the config leaves it unset
+    default_max_sequence_length: ClassVar[int]
+    #: LoRA targets when the config names none: the attention projections of the joint blocks
+    default_lora_targets: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        pipeline: Any,
+        height: int,
+        width: int,
+        max_sequence_length: int | None = None,
+        offload_text_encoders: bool = True,
+        decode_batch_size: int = 8,
+    ) -> None:
+        self.pipeline = pipeline
+        self.transformer: nn.Module = pipeline.transformer
+        self.vae: nn.Module = pipeline.vae.eval().requires_grad_(False)
+        if self.vae.dtype != torch.float32:
+            self.vae.to(torch.float32)
+        self.dtype = self.transformer.dtype
+        self.height, self.width = height, width
+        self.max_sequence_length = max_sequence_length or self.default_max_sequence_length
+        self.offload_text_encoders = offload_text_encoders
+        self.decode_batch_size = decode_batch_size
+        self.device = torch.device("cpu")
+        self._cache: dict[str, tuple[torch.Tensor, ...]] = {}
+        for encoder in self.text_encoders():
+            encoder.eval().requires_grad_(False)
+        factor = self.vae_scale_factor
+        if height % (2 * factor) or width % (2 * factor):
+            raise ValueError(
+                f"model.height={height} and model.width={width} must be multiples of {2 * factor} "
+                f"(twice the VAE's downsampling factor {factor})"
+            )
+
+    @classmethod
+    def pipeline_class(cls) -> Any:
+        import diffusers
+
+        return getattr(diffusers, cls.pipeline_class_name)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype: str = "float32", **kwargs: Any) -> DiffusersFlowModel:
+        """Load a pipeline by hub id (from the local HF cache when offline) or directory."""
+        try:
+            pipeline = cls.pipeline_class().from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        except (OSError, ValueError) as error:
+            where = "directory" if Path(name_or_path).is_dir() else "hub id (looked up in the local HF cache)"
+            raise OSError(
+                f"model.name={name_or_path!r} could not be loaded as a {cls.pipeline_class_name} {where}: {error}"
+            ) from error
+        return cls(pipeline, **kwargs)
+
+    # --- what subclasses define ----------------------------------------------------------------------
+
+    def text_encoders(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def time_shift(self) -> float:
+        raise NotImplementedError
+
+    def _encode_text(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def velocity(self, transformer: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def vae_latents(self, x: torch.Tensor) -> torch.Tensor:
+        """Sampler-layout latents to the VAE's ``[B, C, h, w]`` (identity unless the model packs them)."""
+        return x
+
+    # --- shared --------------------------------------------------------------------------------------
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def to(self, device: torch.device | str) -> DiffusersFlowModel:
+        """Move the transformer and VAE (and the text encoders unless offloaded) to ``device``."""
+        self.device = torch.device(device)
+        self.transformer.to(self.device)
+        self.vae.to(self.device)
+        if not self.offload_text_encoders:
+            for encoder in self.text_encoders():
+                encoder.to(self.device)
+        return self
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
+        """Conditioning rows for ``prompts`` on the model's device; each new prompt is encoded once, alone,
+        and cached."""
+        missing = list(dict.fromkeys(prompt for prompt in prompts if prompt not in self._cache))
+        if missing:
+            encoders = self.text_encoders()
+            for encoder in encoders:
+                encoder.to(self.device)
+            try:
+                # One prompt at a time: an encoding must not depend on which prompts shared its batch
+                # (kernels differ in the last bit with the batch size), or a resumed run would drift.
+                for prompt in missing:
+                    parts = self._encode_text([prompt])
+                    self._cache[prompt] = tuple(part[0].to("cpu", self.dtype) for part in parts)
+            finally:
+                if self.offload_text_encoders:
+                    for encoder in encoders:
+                        encoder.to("cpu")
+        rows = [self._cache[prompt] for prompt in prompts]
+        return tuple(torch.stack(column).to(self.device) for column in zip(*rows))
+
+    @torch.no_grad()
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in [0, 1], float32, decoded ``decode_batch_size`` at a time."""
+        config = self.vae.config
+        latents = self.vae_latents(x.float())
+        images = []
+        for chunk in latents.split(self.decode_batch_size):
+            chunk = chunk.to(self.device) / config.scaling_factor + (config.shift_factor or 0.0)
+            images.append(self.vae.decode(chunk, return_dict=False)[0])
+        return ((torch.cat(images) + 1.0) / 2.0).clamp(0.0, 1.0)
