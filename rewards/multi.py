@@ -9,13 +9,16 @@
 
 Each entry's ``reward`` defaults to the entry's name; ``key`` picks the
 sub-score that enters the aggregate (default: the reward's only score, or
-its class attribute ``primary_score``). Calling it returns every sub-score,
+its class attribute ``primary_score``); ``offload: true`` keeps a model-based
+reward's network (its ``model`` on its ``device``) on the CPU between calls,
+freeing accelerator memory for the policy while it is idle. Calling it returns every sub-score,
 checked at the boundary, labelled ``entry`` or ``entry/sub-score``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +40,33 @@ class RewardEntry:
     weight: float = 1.0
     key: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offload:
+            if not isinstance(getattr(self.reward, "model", None), torch.nn.Module) or not hasattr(
+                self.reward, "device"
+            ):
+                raise ValueError(
+                    f"reward entry {self.name!r} cannot be offloaded: its reward has no `model` network "
+                    "and `device` (offload is for model-based rewards such as pickscore or hpsv2)"
+                )
+            self.reward.model.to("cpu")
+
+    @contextlib.contextmanager
+    def ready(self) -> Iterator[None]:
+        """The reward's network on its device for one call (and back on the CPU after, when offloaded)."""
+        if not self.offload:
+            yield
+            return
+        self.reward.model.to(self.reward.device)
+        try:
+            yield
+        finally:
+            self.reward.model.to("cpu")
 
 
-ENTRY_FIELDS = ("reward", "weight", "key", "settings")
+ENTRY_FIELDS = ("reward", "weight", "key", "settings", "offload")
 
 
 def _normalised_spec(name: str, spec: Any) -> dict[str, Any]:
@@ -58,6 +85,8 @@ def _normalised_spec(name: str, spec: Any) -> dict[str, Any]:
     weight = spec.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
         raise ValueError(f"reward entry {name!r} has weight {weight!r}; expected a number")
+    if not isinstance(spec.get("offload", False), bool):
+        raise ValueError(f"reward entry {name!r} has offload {spec['offload']!r}; expected true or false")
     if not isinstance(spec.get("settings", {}), Mapping):
         raise ValueError(f"reward entry {name!r} has settings {spec['settings']!r}; expected a mapping")
     return dict(spec)
@@ -68,7 +97,8 @@ def _entry(name: str, spec: float | Mapping[str, Any]) -> RewardEntry:
     reward_name = spec.get("reward", name)
     settings = dict(spec.get("settings", {}))
     reward = build_reward(reward_name, **settings) if isinstance(reward_name, str) else reward_name
-    return RewardEntry(name, reward, float(spec.get("weight", 1.0)), spec.get("key"), settings)
+    weight, key, offload = float(spec.get("weight", 1.0)), spec.get("key"), spec.get("offload", False)
+    return RewardEntry(name, reward, weight, key, settings, offload)
 
 
 class MultiReward:
@@ -123,7 +153,9 @@ class MultiReward:
         """Every sub-score of every reward, ``{label: Tensor[B]}`` on the CPU in float32."""
         scores: dict[str, torch.Tensor] = {}
         for entry in self.entries:
-            for key, value in score(entry.name, entry.reward, media, prompts, metadata).items():
+            with entry.ready():
+                entry_scores = score(entry.name, entry.reward, media, prompts, metadata)
+            for key, value in entry_scores.items():
                 scores[entry.name if key == entry.name else f"{entry.name}/{key}"] = value
         return scores
 

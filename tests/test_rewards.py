@@ -308,6 +308,26 @@ def test_clip_score_on_a_tiny_clip(tmp_path):
     assert not torch.allclose(scores, swapped)
 
 
+def test_an_offloaded_reward_scores_the_same_and_rests_on_the_cpu(tmp_path, monkeypatch):
+    checkpoint = tiny_open_clip_checkpoint(tmp_path / "clip.pt")
+    spec = {"reward": "clip_score", "settings": {"model_name": TINY_CLIP, "checkpoint": str(checkpoint)}}
+    kept = MultiReward({"clip": spec})
+    offloaded = MultiReward({"clip": {**spec, "offload": True}})
+    network = offloaded.entries[0].reward.model
+    devices = []
+    # "cpu:0" stands in for an accelerator: a device distinct in name from the resting "cpu"
+    monkeypatch.setattr(offloaded.entries[0].reward, "device", torch.device("cpu", 0))
+    original_to = network.to
+    monkeypatch.setattr(network, "to", lambda device: devices.append(str(device)) or original_to(device))
+    batch = images()
+    assert torch.equal(offloaded(batch, PROMPTS, META)["clip"], kept(batch, PROMPTS, META)["clip"])
+    assert devices == ["cpu:0", "cpu"]  # moved to its device for the call, back to the CPU after
+    with pytest.raises(ValueError, match="'jpeg' cannot be offloaded"):
+        MultiReward({"jpeg": {"reward": "jpeg_compressibility", "offload": True}})
+    with pytest.raises(ValueError, match="offload 'yes'"):
+        MultiReward.check_spec({"clip": {**spec, "offload": "yes"}})
+
+
 def test_hps_loads_a_state_dict_checkpoint(tmp_path):
     checkpoint = tiny_open_clip_checkpoint(tmp_path / "HPS_v2.1_compressed.pt", wrap_state_dict=True)
     reward = build_reward("hpsv2", model_name=TINY_CLIP, checkpoint=checkpoint)
