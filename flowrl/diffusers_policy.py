@@ -70,7 +70,9 @@ class DiffusersPolicy:
             )
             adapters = [TRAINED, OLD] + ([EMA] if ema_decay > 0 else [])
             for name in adapters:
-                with warnings.catch_warnings():  # peft warns that a second adapter is added: it is meant to be
+                with (
+                    warnings.catch_warnings()
+                ):  # peft warns that a second adapter is added: it is meant to be
                     warnings.filterwarnings("ignore", message="Already found a `peft_config`")
                     transformer.add_adapter(copy.deepcopy(self.lora_config), adapter_name=name)
             self._adapter_parameters = {name: self._named_adapter_parameters(name) for name in adapters}

@@ -159,7 +159,9 @@ def test_the_saved_lora_reproduces_the_trainers_images_in_a_stock_pipeline(
 ):
     kind, model_dir = pipeline_dir
     trainer = Trainer(
-        config_for(kind, model_dir, prompt_file, tmp_path / "run", "training.steps=2", "training.learning_rate=0.02")
+        config_for(
+            kind, model_dir, prompt_file, tmp_path / "run", "training.steps=2", "training.learning_rate=0.02"
+        )
     )
     trainer.train()
     lora_file = tmp_path / "run" / "model" / "pytorch_lora_weights.safetensors"
