@@ -97,6 +97,45 @@ def linear_warmup(warmup_steps: int):
     return lambda index: min(1.0, (index + 1) / warmup_steps) if warmup_steps else 1.0
 
 
+def update_units(
+    config: TrainConfig, passes: int, micro_batch: int, num_rows: int
+) -> list[list[tuple[int, slice]]]:
+    """The (pass, rows) backward units of a step, split into ``updates_per_step`` optimizer updates.
+
+    Units are every one of the algorithm's ``passes`` over every micro-batch of a process's ``num_rows``
+    training rows.
+    """
+    units = [
+        (pass_index, slice(begin, min(begin + micro_batch, num_rows)))
+        for pass_index in range(passes)
+        for begin in range(0, num_rows, micro_batch)
+    ]
+    updates = config.training.updates_per_step
+    if len(units) % updates:
+        raise ConfigError(
+            f"training.updates_per_step={updates} does not divide the {len(units)} backward passes of a step "
+            f"({passes} loss passes x micro-batches of {micro_batch} over {num_rows} training rows per process)"
+        )
+    per_update = len(units) // updates
+    return [units[index : index + per_update] for index in range(0, len(units), per_update)]
+
+
+def check_batches(config: TrainConfig, num_processes: int):
+    """Check that the global batch splits over ``num_processes`` and every step's backward units over
+    ``updates_per_step``, without loading a model; returns the built algorithm.
+
+    Row counts can follow a sliding window; the first ``num_steps`` steps cover every window position
+    with stride and every 1 (each step checks its own units again as it runs).
+    """
+    local_images, micro_batches = config.per_process(num_processes)
+    algorithm = build_algorithm(config)
+    for step in range(1, config.sampler.num_steps + 1):
+        update_units(
+            config, algorithm.passes, local_images // micro_batches, algorithm.num_rows(local_images, step)
+        )
+    return algorithm
+
+
 class Trainer:
     """Holds the run's parts; :meth:`train` is the loop of the module docstring."""
 
@@ -114,13 +153,9 @@ class Trainer:
         )
         acc = self.accelerator
         # Everything that can be checked without a model is checked before one loads.
+        self.algorithm = check_batches(config, acc.num_processes)
         self.local_images, self.micro_batches = config.per_process(acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
-        self.algorithm = build_algorithm(config)
-        # Row counts can follow a sliding window; the first num_steps steps cover every window position
-        # with stride and every 1, and each step checks its own units again.
-        for step in range(1, config.sampler.num_steps + 1):
-            self.update_units(self.algorithm.num_rows(self.local_images, step))
         self.prompts = load_prompts(config.data.prompts)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
         if config.training.prompts_per_step > len(self.prompts):
@@ -214,24 +249,7 @@ class Trainer:
     # --- one step ------------------------------------------------------------------------------------
 
     def update_units(self, num_rows: int) -> list[list[tuple[int, slice]]]:
-        """The (pass, rows) backward units of a step, split into ``updates_per_step`` optimizer updates.
-
-        Units are every pass over every micro-batch of the process's ``num_rows`` training rows.
-        """
-        config = self.config
-        units = [
-            (pass_index, slice(begin, min(begin + self.micro_batch, num_rows)))
-            for pass_index in range(self.algorithm.passes)
-            for begin in range(0, num_rows, self.micro_batch)
-        ]
-        if len(units) % config.training.updates_per_step:
-            raise ConfigError(
-                f"training.updates_per_step={config.training.updates_per_step} does not divide the "
-                f"{len(units)} backward passes of a step ({self.algorithm.passes} loss passes x micro-batches "
-                f"of {self.micro_batch} over {num_rows} training rows per process)"
-            )
-        per_update = len(units) // config.training.updates_per_step
-        return [units[index : index + per_update] for index in range(0, len(units), per_update)]
+        return update_units(self.config, self.algorithm.passes, self.micro_batch, num_rows)
 
     def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer):
         """Old-policy rollouts of this process's samples (the algorithm's sampler, micro-batch by
