@@ -144,6 +144,9 @@ class DiffusersPolicy:
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return self.backend.decode(x)
 
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        return self.backend.initial_noise(seeds, device)
+
     def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         return self.backend.velocity(self.model, x, t, cond)
 
@@ -241,15 +244,13 @@ class DiffusersPolicy:
     ) -> torch.Tensor:
         """Images in [0, 1] from the ``tuned`` or ``base`` model: Euler on the model's shifted grid,
         noise of image ``i`` seeded by ``seeds[i]``, CFG against the empty prompt when ``guidance_scale > 1``."""
-        from flowrl.generate import seeded_noise
-
         velocity = {"tuned": self.tuned_velocity, "base": self.reference_velocity}[model]
         grid = timesteps(num_steps, shift=self.time_shift)
         guided = guided_velocity(velocity, guidance_scale, self.encode([""]))
         images = []
         for start in range(0, len(prompts), batch_size):
             cond = self.encode(list(prompts[start : start + batch_size]))
-            noise = seeded_noise(seeds[start : start + batch_size], self.sample_shape, self.backend.device)
+            noise = self.initial_noise(seeds[start : start + batch_size], self.backend.device)
             images.append(self.decode(ODE_SOLVERS["euler"](guided, noise, grid, cond).x0))
         return torch.cat(images)
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flowrl.generate import generate, model_space_to_images
+from flowrl.generate import generate, model_space_to_images, seeded_noise
 from flowrl.models.shapes_dit import ShapesDiT
 
 
@@ -65,6 +65,10 @@ class ShapesPolicy:
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Model-space samples to images in [0, 1]."""
         return model_space_to_images(x)
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        """Standard normal pixels-space noise, row ``i`` seeded by ``seeds[i]``."""
+        return seeded_noise(seeds, self.sample_shape, device)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

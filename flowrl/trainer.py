@@ -45,7 +45,6 @@ from flowrl.backends import build_policy
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
-from flowrl.generate import seeded_noise
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, plot_curves, save_sample_grid
 from flowrl.shapes.grammar import TASKS, shipped_prompts
@@ -256,7 +255,7 @@ class Trainer:
         micro-batch of whole groups), scored in the background chunk by chunk."""
         policy, acc = self.policy, self.accelerator
         cond = policy.encode([record["prompt"] for record in records])
-        noise = seeded_noise(seeds, policy.sample_shape, acc.device)
+        noise = policy.initial_noise(seeds, acc.device)
         velocity = guided_velocity(
             policy.old_velocity, self.config.sampler.guidance_scale, policy.encode([""])
         )

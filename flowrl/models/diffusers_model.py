@@ -16,11 +16,14 @@ A backend turns the pipeline into the pieces the trainer needs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from flowrl.generate import seeded_noise
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -101,6 +104,11 @@ class DiffusersFlowModel:
 
     def velocity(self, transformer: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         raise NotImplementedError
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        """Starting noise in the sampler's layout, row ``i`` seeded by ``seeds[i]`` exactly as the pipeline
+        draws it for ``generator=torch.Generator().manual_seed(seeds[i])`` (one image per call)."""
+        return seeded_noise(seeds, self.sample_shape, device)
 
     def vae_latents(self, x: torch.Tensor) -> torch.Tensor:
         """Sampler-layout latents to the VAE's ``[B, C, h, w]`` (identity unless the model packs them)."""

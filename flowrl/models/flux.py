@@ -16,11 +16,13 @@ inside). Time shift: the scheduler's dynamic shift for this image size,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from flowrl.generate import seeded_noise
 from flowrl.models.diffusers_model import DiffusersFlowModel
 
 
@@ -100,6 +102,13 @@ class FluxModel(DiffusersFlowModel):
             return_dict=False,
         )[0]
         return out.to(x.dtype)
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        """Noise drawn in the VAE latent's ``[C, h, w]`` layout, as the pipeline draws it, then packed."""
+        rows, columns = self._latent_size()
+        channels = self.transformer.config.in_channels // 4
+        noise = seeded_noise(seeds, (channels, rows, columns), device)
+        return self.pipeline._pack_latents(noise, len(seeds), channels, rows, columns)
 
     def vae_latents(self, x: torch.Tensor) -> torch.Tensor:
         return self.pipeline._unpack_latents(x, self.height, self.width, self.vae_scale_factor)
