@@ -44,34 +44,36 @@ def prompt_file(tmp_path_factory):
 
 
 def config_for(kind, model_dir, prompts, output_dir, *overrides):
-    return load_config(
-        None,
-        [
-            f"model.backend={kind}",
-            f"model.name={model_dir}",
-            "model.height=32",
-            "model.width=32",
-            "model.max_sequence_length=16",
-            "model.lora_rank=4",
-            "model.lora_alpha=8",
-            "sampler.num_steps=4",
-            "rewards={jpeg_compressibility: 1.0}",
-            "algorithm.train_timesteps=2",
-            "training.steps=1",
-            "training.prompts_per_step=2",
-            "training.group_size=4",
-            "training.micro_batch_size=4",
-            "training.learning_rate=0.001",
-            f"data.prompts={prompts}",
-            f"logging.output_dir={output_dir}",
-            "logging.sample_every=0",
-            "logging.checkpoint_every=1",
-            "logging.progress=false",
-            "evaluation.guidance_scales=[]",
-            "evaluation.base_guidance_scales=[]",
-            *overrides,
-        ],
-    )
+    return load_config(None, overrides_for(kind, model_dir, prompts, output_dir, *overrides))
+
+
+def overrides_for(kind, model_dir, prompts, output_dir, *overrides):
+    """A one-step tiny run (2 prompts x 4 images at 32x32, jpeg reward) of the ``kind`` pipeline."""
+    return [
+        f"model.backend={kind}",
+        f"model.name={model_dir}",
+        "model.height=32",
+        "model.width=32",
+        "model.max_sequence_length=16",
+        "model.lora_rank=4",
+        "model.lora_alpha=8",
+        "sampler.num_steps=4",
+        "rewards={jpeg_compressibility: 1.0}",
+        "algorithm.train_timesteps=2",
+        "training.steps=1",
+        "training.prompts_per_step=2",
+        "training.group_size=4",
+        "training.micro_batch_size=4",
+        "training.learning_rate=0.001",
+        f"data.prompts={prompts}",
+        f"logging.output_dir={output_dir}",
+        "logging.sample_every=0",
+        "logging.checkpoint_every=1",
+        "logging.progress=false",
+        "evaluation.guidance_scales=[]",
+        "evaluation.base_guidance_scales=[]",
+        *overrides,
+    ]
 
 
 def base_weights(transformer):
@@ -256,31 +258,17 @@ def test_gradient_checkpointing_gives_the_same_gradients(pipeline_dir, prompt_fi
 
 def test_two_processes_train_the_lora_like_one(prompt_file, tmp_path):
     model_dir = save_tiny_pipeline("sd3", tmp_path / "sd3")  # one backend is enough for the distributed path
-    overrides = [
-        "model.backend=sd3",
-        f"model.name={model_dir}",
-        "model.height=32",
-        "model.width=32",
-        "model.max_sequence_length=16",
-        "model.lora_rank=4",
-        "model.lora_alpha=8",
-        "sampler.num_steps=4",
-        "rewards={jpeg_compressibility: 1.0}",
-        "algorithm.train_timesteps=2",
+    overrides = overrides_for(
+        "sd3",
+        model_dir,
+        prompt_file,
+        tmp_path / "one",
         "training.steps=2",
-        "training.prompts_per_step=2",
-        "training.group_size=4",
         "training.micro_batch_size=2",
-        "training.learning_rate=0.001",
         "training.threads=1",
-        f"data.prompts={prompt_file}",
-        "logging.sample_every=0",
         "logging.checkpoint_every=2",
-        "logging.progress=false",
-        "evaluation.guidance_scales=[]",
-        "evaluation.base_guidance_scales=[]",
-    ]
-    Trainer(load_config(None, [*overrides, f"logging.output_dir={tmp_path / 'one'}"])).train()
+    )
+    Trainer(load_config(None, overrides)).train()
     empty_config = tmp_path / "empty.yaml"
     empty_config.write_text("{}\n")
     command = [
