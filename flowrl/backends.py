@@ -33,10 +33,12 @@ def load_diffusers_model(config: ModelConfig) -> DiffusersFlowModel:
     return backend
 
 
-def build_policy(config: ModelConfig, ema_decay: float = 0.0) -> ShapesPolicy | DiffusersPolicy:
-    """The trainable policy with its old, reference (and EMA) models, on the CPU."""
+def build_policy(
+    config: ModelConfig, ema_decay: float = 0.0, separate_sampler: bool = False
+) -> ShapesPolicy | DiffusersPolicy:
+    """The trainable policy with its old, reference (and EMA, and a separate sampler) models, on the CPU."""
     if config.backend == "shapes":
-        return ShapesPolicy(load_shapes_model(config.name), ema_decay)
+        return ShapesPolicy(load_shapes_model(config.name), ema_decay, separate_sampler)
     policy = DiffusersPolicy(
         load_diffusers_model(config),
         lora_rank=config.lora_rank,
@@ -44,6 +46,7 @@ def build_policy(config: ModelConfig, ema_decay: float = 0.0) -> ShapesPolicy | 
         lora_target_modules=config.lora_target_modules,
         ema_decay=ema_decay,
         gradient_checkpointing=config.gradient_checkpointing,
+        separate_sampler=separate_sampler,
     )
     if config.compile:
         policy.backend.transformer.compile()

@@ -84,11 +84,14 @@ class SamplerConfig:
 class AlgorithmConfig:
     """The RL algorithm and its settings (one flat section; each key says which algorithms read it).
 
-    ``nft``: DiffusionNFT (:mod:`flowrl.algorithms.nft`); ``flow_grpo``:
-    Flow-GRPO and ``branch_grpo``: BranchGRPO (:mod:`flowrl.algorithms.grpo`).
+    ``nft``: DiffusionNFT (:mod:`flowrl.algorithms.nft`); ``crd``: centered
+    reward distillation (:mod:`flowrl.algorithms.crd`; it also reads the nft
+    keys for its timesteps, adaptive weighting and old-model schedule);
+    ``flow_grpo``: Flow-GRPO and ``branch_grpo``: BranchGRPO
+    (:mod:`flowrl.algorithms.grpo`).
     """
 
-    name: str = field(default="nft", metadata=_choice("nft", "flow_grpo", "branch_grpo"))
+    name: str = field(default="nft", metadata=_choice("nft", "crd", "flow_grpo", "branch_grpo"))
     # --- all: group advantages
     advantage_clip: float = field(default=5.0, metadata=_at_least(0.0, strict=True))
     std_scope: str = field(default="batch", metadata=_choice("batch", "group"))
@@ -99,10 +102,32 @@ class AlgorithmConfig:
     reference_weight: float = field(default=1e-4, metadata=_at_least(0.0))
     adaptive_weighting: bool = True
     old_update: str = field(default="soft", metadata=_choice("soft", "hard", "delayed"))
+    #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * steps, old_decay_max)``
+    old_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     old_decay_rate: float = field(default=0.001, metadata=_at_least(0.0))
     old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     old_update_every: int = field(default=10, metadata=_at_least(1))
     old_delay_steps: int = field(default=20, metadata=_at_least(0))
+    # --- crd: reward matching, the KL anchor to the CFG-guided base, and the decoupled sampler
+    crd_loss: str = field(default="squared", metadata=_choice("squared", "logistic"))
+    #: beta of ``beta * l_theta`` matched to the centred optimality probability
+    crd_beta: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    anchor_weight: float = field(default=0.1, metadata=_at_least(0.0))
+    #: the anchor's reference velocity is the base model's CFG mix at this guidance scale
+    anchor_guidance: float = field(default=4.5, metadata=_at_least(1.0))
+    #: reward-adaptive strength ``floor + (1 - floor) r`` per sample (r: optimality probability)
+    anchor_adaptive: bool = True
+    anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
+    #: the strength's schedule: factor 1 at step 0 moving linearly to ``anchor_schedule_end`` over
+    #: ``anchor_schedule_steps`` steps (0 = constant)
+    anchor_schedule_end: float = field(default=1.0, metadata=_at_least(0.0))
+    anchor_schedule_steps: int = field(default=0, metadata=_at_least(0))
+    #: the sampler: frozen (the base) for ``sampler_delay_steps``, then
+    #: ``theta_s <- eta theta_s + (1 - eta) theta`` with ``eta = min(start + rate * (step - delay), max)``
+    sampler_delay_steps: int = field(default=75, metadata=_at_least(0))
+    sampler_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    sampler_decay_rate: float = field(default=0.0075, metadata=_at_least(0.0))
+    sampler_decay_max: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
     # --- flow_grpo, branch_grpo: the SDE, the clipped ratio and the KL to the reference
     clip_range: float = field(default=1e-4, metadata=_at_least(0.0, strict=True))
     kl_weight: float = field(default=0.04, metadata=_at_least(0.0))
@@ -394,6 +419,11 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     _check_model(config.model)
     _check_grpo(config)
+    if config.algorithm.name == "crd" and config.training.micro_batch_size % config.training.group_size:
+        raise ConfigError(
+            f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must be a "
+            f"multiple of training.group_size={config.training.group_size} (the loss centres within whole groups)"
+        )
     if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
         raise ConfigError(
             f"algorithm.train_timesteps={config.algorithm.train_timesteps} is more than the "

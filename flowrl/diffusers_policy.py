@@ -5,6 +5,8 @@ same target modules and no second copy of the base weights:
 
 - ``default`` — trained (float32 even when the base runs in bf16/fp16);
 - ``old`` — the sampling policy, moved by ``theta_old <- d theta_old + (1 - d) theta``;
+- ``sampler`` — only when the algorithm decouples sampling from ``old`` (CRD):
+  the rollout policy, with its own update schedule;
 - ``ema`` — the weight average saved as the tuned model (only with ``ema_decay > 0``);
 
 and the **reference** is the base: the same transformer with its adapters
@@ -36,7 +38,7 @@ from torch import nn
 from flowrl.models.diffusers_model import DiffusersFlowModel
 from samplers import ODE_SOLVERS, guided_velocity, timesteps
 
-TRAINED, OLD, EMA = "default", "old", "ema"
+TRAINED, OLD, SAMPLER, EMA = "default", "old", "sampler", "ema"
 
 
 class DiffusersPolicy:
@@ -50,15 +52,17 @@ class DiffusersPolicy:
         lora_target_modules: Sequence[str] = (),
         ema_decay: float = 0.0,
         gradient_checkpointing: bool = False,
+        separate_sampler: bool = False,
     ) -> None:
         self.backend = backend
         self.ema_decay = ema_decay
         self.lora_rank = lora_rank
+        self.separate_sampler = separate_sampler
         transformer = backend.transformer
         transformer.requires_grad_(False)
         if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
-        self.old = self.reference = self.ema = None
+        self.old = self.sampler = self.reference = self.ema = None
         if lora_rank:
             from peft import LoraConfig
 
@@ -68,7 +72,9 @@ class DiffusersPolicy:
                 init_lora_weights="gaussian",
                 target_modules=list(lora_target_modules or backend.default_lora_targets),
             )
-            adapters = [TRAINED, OLD] + ([EMA] if ema_decay > 0 else [])
+            adapters = (
+                [TRAINED, OLD] + ([SAMPLER] if separate_sampler else []) + ([EMA] if ema_decay > 0 else [])
+            )
             for name in adapters:
                 with (
                     warnings.catch_warnings()
@@ -87,6 +93,7 @@ class DiffusersPolicy:
         else:
             transformer.requires_grad_(True)
             self.old = _frozen_copy(transformer)
+            self.sampler = _frozen_copy(transformer) if separate_sampler else self.old
             self.reference = _frozen_copy(transformer)
             self.ema = _frozen_copy(transformer) if ema_decay > 0 else None
         transformer.train()
@@ -156,6 +163,13 @@ class DiffusersPolicy:
                 return self.backend.velocity(self.backend.transformer, x, t, cond)
         return self.backend.velocity(self.old, x, t, cond)
 
+    def sampler_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        """The rollout policy: the ``sampler`` copy when decoupled, else ``old``."""
+        if self.lora_rank:
+            with self._active(SAMPLER if self.separate_sampler else OLD):
+                return self.backend.velocity(self.backend.transformer, x, t, cond)
+        return self.backend.velocity(self.sampler, x, t, cond)
+
     def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         if self.lora_rank:
             with self._active(None):
@@ -173,7 +187,7 @@ class DiffusersPolicy:
 
     def to(self, device: torch.device | str) -> DiffusersPolicy:
         self.backend.to(device)
-        for copy_ in (self.old, self.reference, self.ema):
+        for copy_ in (self.old, self.sampler, self.reference, self.ema):
             if copy_ is not None:
                 copy_.to(device)
         return self
@@ -184,11 +198,11 @@ class DiffusersPolicy:
         return [p for p in self.unwrapped.parameters() if p.requires_grad]
 
     def _pairs(self, target: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``(target, trained)`` parameter pairs for the old or EMA weights."""
+        """``(target, trained)`` parameter pairs for the old, sampler or EMA weights."""
         if self.lora_rank:
             trained = self._adapter_parameters[TRAINED]
             return ((p, trained[name]) for name, p in self._adapter_parameters[target].items())
-        copy_ = self.old if target == OLD else self.ema
+        copy_ = {OLD: self.old, SAMPLER: self.sampler, EMA: self.ema}[target]
         return zip(copy_.parameters(), self.unwrapped.parameters())
 
     @torch.no_grad()
@@ -196,6 +210,14 @@ class DiffusersPolicy:
         """``theta_old <- decay * theta_old + (1 - decay) * theta``."""
         for old, new in self._pairs(OLD):
             old.lerp_(new.detach().to(old.dtype), 1 - decay)
+
+    @torch.no_grad()
+    def update_sampler(self, decay: float) -> None:
+        """``theta_sampler <- decay * theta_sampler + (1 - decay) * theta`` (a separate sampler only)."""
+        if not self.separate_sampler:
+            raise RuntimeError("this policy samples with its old copy; build it with separate_sampler=True")
+        for sampler, new in self._pairs(SAMPLER):
+            sampler.lerp_(new.detach().to(sampler.dtype), 1 - decay)
 
     @torch.no_grad()
     def update_ema(self) -> None:
@@ -212,6 +234,8 @@ class DiffusersPolicy:
                 for name, parameters in self._adapter_parameters.items()
             }
         state = {"model": self.unwrapped.state_dict(), "old": self.old.state_dict()}
+        if self.separate_sampler:
+            state["sampler"] = self.sampler.state_dict()
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
@@ -227,6 +251,8 @@ class DiffusersPolicy:
             return
         self.unwrapped.load_state_dict(state["model"])
         self.old.load_state_dict(state["old"])
+        if self.separate_sampler:
+            self.sampler.load_state_dict(state["sampler"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
 

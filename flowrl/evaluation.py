@@ -8,6 +8,14 @@ Per task, ``images_per_task`` images are drawn from the task's test prompts in
 turn, image ``j`` of the whole evaluation with seed ``seed + j``. A task's
 accuracy is the mean strict verifier score of its images; ``geneval/overall``
 is the mean of the six task accuracies (GenEval's overall score).
+
+Beside the verifier's scores, ``drift/colour_tv`` measures what training
+never rewards: how far the images' colour statistics moved from the
+pretraining data's. For the same prompts and seeds the renderer draws
+ground-truth scenes; the distance is the total variation between the two
+sets' per-channel 32-bin intensity histograms, averaged over channels
+(0 = the same statistics, 1 = disjoint). A policy that games the verifier
+with off-distribution images shows it here first.
 """
 
 from __future__ import annotations
@@ -17,13 +25,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from flowrl.grid import save_grid
 from flowrl.shapes.grammar import TASKS, PromptRecord
+from flowrl.shapes.render import render_prompt
 from rewards.shapes_verifier import ShapesVerifier
 
 ImageSampler = Callable[[Sequence[str], Sequence[int], int, float], torch.Tensor]
+HISTOGRAM_BINS = 32
+
+
+def colour_histograms(images: torch.Tensor) -> torch.Tensor:
+    """``[3, bins]`` normalised per-channel intensity histograms of ``[B, 3, H, W]`` images in [0, 1]."""
+    channels = images.float().clamp(0, 1).transpose(0, 1).reshape(3, -1)
+    counts = torch.stack([torch.histc(channel, HISTOGRAM_BINS, 0.0, 1.0) for channel in channels])
+    return counts / counts.sum(dim=1, keepdim=True)
+
+
+def colour_drift(images: torch.Tensor, items: Sequence[tuple[PromptRecord, int]]) -> float:
+    """Total variation between the colour histograms of ``images`` and of rendered ground truth for the
+    same ``(record, seed)`` items, averaged over channels (module docstring)."""
+    rendered = np.stack([render_prompt(record, np.random.default_rng(seed)) for record, seed in items])
+    truth = torch.from_numpy(rendered).permute(0, 3, 1, 2)
+    return float(0.5 * (colour_histograms(images) - colour_histograms(truth)).abs().sum(dim=1).mean())
 
 
 def evaluation_items(
@@ -77,6 +103,7 @@ def evaluate(
         images, [record["prompt"] for record, _ in items], [record for record, _ in items]
     )
     scores = geneval_scores([record["tag"] for record, _ in items], rewards["strict"], rewards["partial"])
+    scores["drift/colour_tv"] = colour_drift(images, items)
     scores.update(
         {"num_images": len(items), "num_steps": num_steps, "guidance_scale": guidance_scale, "seed": seed}
     )

@@ -1,8 +1,9 @@
 """The shapes policy backend: a fully fine-tuned ShapesDiT with explicit old, reference and EMA copies.
 
 ``model`` is trained (and may be replaced by its DDP wrapper after
-``accelerator.prepare``); ``old`` samples the rollouts and anchors
-DiffusionNFT's implicit policies; ``reference`` is the frozen base; ``ema``
+``accelerator.prepare``); ``old`` anchors DiffusionNFT's implicit policies
+and samples the rollouts, unless the algorithm decouples a separate
+``sampler`` copy (CRD) with its own update schedule; ``reference`` is the frozen base; ``ema``
 (when ``ema_decay > 0``) is the weight average saved as the tuned model.
 Copies are cheap here (2.6M parameters); LoRA backends keep adapters instead.
 """
@@ -28,9 +29,10 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
 class ShapesPolicy:
     """Trainable ShapesDiT plus its old, reference and EMA copies (see module docstring)."""
 
-    def __init__(self, base: ShapesDiT, ema_decay: float = 0.0) -> None:
+    def __init__(self, base: ShapesDiT, ema_decay: float = 0.0, separate_sampler: bool = False) -> None:
         self.model: nn.Module = base.train().requires_grad_(True)
         self.old = _frozen_copy(base)
+        self.sampler = _frozen_copy(base) if separate_sampler else self.old
         self.reference = _frozen_copy(base)
         self.ema_decay = ema_decay
         self.ema = _frozen_copy(base) if ema_decay > 0 else None
@@ -40,7 +42,7 @@ class ShapesPolicy:
     time_shift = 1.0
 
     def to(self, device: torch.device | str) -> ShapesPolicy:
-        for model in (self.model, self.old, self.reference, self.ema):
+        for model in (self.model, self.old, self.sampler, self.reference, self.ema):
             if model is not None:
                 model.to(device)
         return self
@@ -58,6 +60,9 @@ class ShapesPolicy:
 
     def old_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         return self.old(x, t, *cond)
+
+    def sampler_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self.sampler(x, t, *cond)
 
     def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         return self.reference(x, t, *cond)
@@ -80,6 +85,14 @@ class ShapesPolicy:
             old.lerp_(new.detach(), 1 - decay)
 
     @torch.no_grad()
+    def update_sampler(self, decay: float) -> None:
+        """``theta_sampler <- decay * theta_sampler + (1 - decay) * theta`` (a separate sampler only)."""
+        if self.sampler is self.old:
+            raise RuntimeError("this policy samples with its old copy; build it with separate_sampler=True")
+        for sampler, new in zip(self.sampler.parameters(), self.unwrapped.parameters()):
+            sampler.lerp_(new.detach(), 1 - decay)
+
+    @torch.no_grad()
     def update_ema(self) -> None:
         """``theta_ema <- d * theta_ema + (1 - d) * theta`` (no-op without EMA)."""
         if self.ema is not None:
@@ -92,6 +105,8 @@ class ShapesPolicy:
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         state = {"model": self.unwrapped.state_dict(), "old": self.old.state_dict()}
+        if self.sampler is not self.old:
+            state["sampler"] = self.sampler.state_dict()
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
@@ -99,6 +114,8 @@ class ShapesPolicy:
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         self.unwrapped.load_state_dict(state["model"])
         self.old.load_state_dict(state["old"])
+        if self.sampler is not self.old:
+            self.sampler.load_state_dict(state["sampler"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
 

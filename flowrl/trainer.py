@@ -167,7 +167,9 @@ class Trainer:
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
 
         torch.manual_seed(config.training.seed)
-        self.policy = build_policy(config.model, config.training.ema_decay).to(acc.device)
+        self.policy = build_policy(
+            config.model, config.training.ema_decay, self.algorithm.separate_sampler
+        ).to(acc.device)
         shift = config.sampler.time_shift if config.sampler.time_shift is not None else self.policy.time_shift
         self.grid = timesteps(config.sampler.num_steps, shift=shift)
         self.optimizer = torch.optim.AdamW(
@@ -257,7 +259,7 @@ class Trainer:
         cond = policy.encode([record["prompt"] for record in records])
         noise = policy.initial_noise(seeds, acc.device)
         velocity = guided_velocity(
-            policy.old_velocity, self.config.sampler.guidance_scale, policy.encode([""])
+            policy.sampler_velocity, self.config.sampler.guidance_scale, policy.encode([""])
         )
         chunks: list[RolloutChunk] = []
         futures = []
@@ -415,9 +417,7 @@ class Trainer:
                     base_scores[f"{scale:g}"] = self.evaluate("base", scale, f"base_cfg{scale:g}")
                 summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
                 if "1" in base_scores and log is not None:  # the base, CFG-free, as step 0 of the eval curve
-                    base_row = {
-                        f"eval/{k}": v for k, v in base_scores["1"].items() if k.startswith("geneval/")
-                    }
+                    base_row = eval_row(base_scores["1"])
                     log.append({"step": 0, "time/elapsed": 0.0, **base_row})
             else:
                 base_scores = json.loads(summary_path.read_text())["base"]
@@ -442,7 +442,7 @@ class Trainer:
                 ):
                     if acc.is_main_process:
                         scores = self.evaluate("tuned", 1.0, f"step_{self.step:06d}_cfg1")
-                        row.update({f"eval/{k}": v for k, v in scores.items() if k.startswith("geneval/")})
+                        row.update(eval_row(scores))
                     acc.wait_for_everyone()
                 if log is not None:
                     log.append(row)
@@ -468,11 +468,7 @@ class Trainer:
                 f"{scale:g}": self.evaluate("tuned", scale, f"tuned_cfg{scale:g}")
                 for scale in self.config.evaluation.guidance_scales
             }
-            final = (
-                {f"eval/{k}": v for k, v in tuned["1"].items() if k.startswith("geneval/")}
-                if "1" in tuned
-                else {}
-            )
+            final = eval_row(tuned["1"]) if "1" in tuned else {}
             if log is not None and log.rows and final:
                 log.rows[-1].update(final)
                 log._rewrite()
@@ -494,6 +490,11 @@ class Trainer:
         return summary
 
 
+def eval_row(scores: dict[str, Any]) -> dict[str, float]:
+    """The evaluation scores that go into ``metrics.jsonl`` (GenEval tasks and drift), keyed ``eval/...``."""
+    return {f"eval/{k}": v for k, v in scores.items() if k.startswith(("geneval/", "drift/"))}
+
+
 def summary_table(base: dict[str, Any], tuned: dict[str, Any]) -> str:
     """Per-task held-out scores: base at each guidance scale, tuned at each."""
     columns = [(f"base cfg {scale}", scores) for scale, scores in base.items()]
@@ -504,6 +505,10 @@ def summary_table(base: dict[str, Any], tuned: dict[str, Any]) -> str:
         lines.append(
             f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns)
         )
+    lines.append(
+        f"{'colour drift':<16}"
+        + "".join(f"{scores.get('drift/colour_tv', float('nan')):>14.3f}" for _, scores in columns)
+    )
     return "\n".join(lines)
 
 

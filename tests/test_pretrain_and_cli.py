@@ -1,13 +1,15 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from flowrl.cli import main
-from flowrl.evaluation import evaluation_items, geneval_scores
+from flowrl.evaluation import colour_drift, evaluation_items, geneval_scores
 from flowrl.models import SHIPPED_MODELS, load_shapes_model
 from flowrl.shapes.grammar import TASKS, shipped_prompts
 from flowrl.shapes.pretrain import PretrainConfig, learning_rate_at, pretrain
+from flowrl.shapes.render import render_prompt
 
 TINY = dict(steps=3, batch_size=4, warmup_steps=2, hidden_size=32, depth=1, num_heads=2)
 
@@ -60,6 +62,21 @@ def test_evaluation_items_balance_tasks():
     assert len(items) == 5 * len(TASKS)
     assert [seed for _, seed in items] == list(range(10, 10 + 5 * len(TASKS)))
     assert [record["tag"] for record, _ in items] == [task for task in TASKS for _ in range(5)]
+
+
+def test_colour_drift_is_zero_on_the_data_and_grows_off_it():
+    items = evaluation_items(shipped_prompts("test"), 4)
+    truth = torch.from_numpy(
+        np.stack([render_prompt(record, np.random.default_rng(seed)) for record, seed in items])
+    ).permute(0, 3, 1, 2)
+    assert colour_drift(truth, items) == 0.0
+    other_layouts = torch.from_numpy(
+        np.stack([render_prompt(record, np.random.default_rng(seed + 999)) for record, seed in items])
+    ).permute(0, 3, 1, 2)
+    noisy = (truth + 0.1 * torch.randn_like(truth)).clamp(0, 1)
+    grey = torch.full_like(truth, 0.5)
+    drifts = [colour_drift(images, items) for images in (other_layouts, noisy, grey)]
+    assert drifts[0] < 0.05 < drifts[1] < drifts[2] <= 1.0  # same scenes elsewhere ~ 0; noise, then grey, far
 
 
 def test_geneval_overall_is_the_mean_of_tasks():

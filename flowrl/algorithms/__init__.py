@@ -1,11 +1,12 @@
 """RL algorithms: one module each; the trainer picks one by ``algorithm.name``."""
 
 from flowrl.algorithms.base import Algorithm, Policy, RolloutChunk, TrainBatch, TrainRows
+from flowrl.algorithms.crd import CRD
 from flowrl.algorithms.grpo import BranchGRPO, FlowGRPO
 from flowrl.algorithms.nft import DiffusionNFT
 from flowrl.config import TrainConfig
 
-ALGORITHMS = {"nft": DiffusionNFT, "flow_grpo": FlowGRPO, "branch_grpo": BranchGRPO}
+ALGORITHMS = {"nft": DiffusionNFT, "crd": CRD, "flow_grpo": FlowGRPO, "branch_grpo": BranchGRPO}
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:
@@ -17,6 +18,7 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "BranchGRPO",
+    "CRD",
     "DiffusionNFT",
     "FlowGRPO",
     "Policy",

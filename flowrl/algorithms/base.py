@@ -71,7 +71,8 @@ class TrainBatch:
 
 
 class Policy(Protocol):
-    """A trainable velocity model with its old (sampling) and reference (frozen base) copies."""
+    """A trainable velocity model with its old, sampler (the old one unless separate) and reference
+    (frozen base) copies."""
 
     def encode(self, prompts: list[str]) -> Any: ...
 
@@ -81,7 +82,11 @@ class Policy(Protocol):
 
     def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor: ...
 
+    def sampler_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor: ...
+
     def update_old(self, decay: float) -> None: ...
+
+    def update_sampler(self, decay: float) -> None: ...
 
 
 class Algorithm(Protocol):
@@ -89,6 +94,8 @@ class Algorithm(Protocol):
 
     #: loss passes per batch (e.g. DiffusionNFT's training timesteps); gradients accumulate over them
     passes: int
+    #: roll out with a separate ``sampler`` copy of the policy (its own schedule) instead of ``old``
+    separate_sampler: bool
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         """Training rows made from ``num_samples`` samples (whole groups), known before any rollout."""

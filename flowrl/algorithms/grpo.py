@@ -98,6 +98,8 @@ def sde_window(config: TrainConfig, step: int) -> tuple[int, int] | None:
 class _GRPOBase:
     """What both GRPO variants share: on-policy rollouts, the clipped loss of one transition, the copy."""
 
+    separate_sampler = False
+
     def __init__(self, config: TrainConfig) -> None:
         self.train_config = config
         self.config = config.algorithm

@@ -40,7 +40,7 @@ def optimality_probability(advantages: torch.Tensor, clip: float) -> torch.Tenso
     return advantages.clamp(-clip, clip) / (2 * clip) + 0.5
 
 
-def _pixel_mean(x: torch.Tensor) -> torch.Tensor:
+def pixel_mean(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=tuple(range(1, x.ndim)))
 
 
@@ -76,15 +76,15 @@ def nft_loss(
     x0_negative = x_t - t * ((1 + beta) * v_old - beta * v_theta)
     if adaptive_weighting:
         with torch.no_grad():
-            weight_positive = _pixel_mean((x0_positive - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
-            weight_negative = _pixel_mean((x0_negative - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+            weight_positive = pixel_mean((x0_positive - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+            weight_negative = pixel_mean((x0_negative - x0).abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
     else:
         weight_positive = weight_negative = torch.ones_like(r)
-    positive = _pixel_mean((x0_positive - x0) ** 2) / weight_positive
-    negative = _pixel_mean((x0_negative - x0) ** 2) / weight_negative
+    positive = pixel_mean((x0_positive - x0) ** 2) / weight_positive
+    negative = pixel_mean((x0_negative - x0) ** 2) / weight_negative
     policy = advantage_clip * (r * positive + (1 - r) * negative) / beta
     reference = (
-        _pixel_mean((v_theta - v_ref.detach().float()) ** 2) if v_ref is not None else torch.zeros_like(r)
+        pixel_mean((v_theta - v_ref.detach().float()) ** 2) if v_ref is not None else torch.zeros_like(r)
     )
     return NFTTerms(policy + reference_weight * reference, positive, negative, reference)
 
@@ -92,17 +92,21 @@ def nft_loss(
 def old_policy_decay(config: AlgorithmConfig, step: int) -> float | None:
     """``eta`` of ``theta_old <- eta theta_old + (1 - eta) theta`` after optimizer step ``step`` (1-based).
 
-    ``None`` means no update this step. "soft": ``min(rate * step, max)``;
+    ``None`` means no update this step. "soft": ``min(start + rate * step, max)``;
     "hard": 0 (a copy) every ``old_update_every`` steps; "delayed": no update
     for ``old_delay_steps`` steps, then soft counted from there.
     """
-    if config.old_update == "soft":
-        return min(config.old_decay_rate * step, config.old_decay_max)
     if config.old_update == "hard":
         return 0.0 if step % config.old_update_every == 0 else None
-    if step <= config.old_delay_steps:
+    delay = config.old_delay_steps if config.old_update == "delayed" else 0
+    return delayed_decay(step, delay, config.old_decay_start, config.old_decay_rate, config.old_decay_max)
+
+
+def delayed_decay(step: int, delay: int, start: float, rate: float, maximum: float) -> float | None:
+    """``None`` (no update) for ``step <= delay``, then ``min(start + rate * (step - delay), maximum)``."""
+    if step <= delay:
         return None
-    return min(config.old_decay_rate * (step - config.old_delay_steps), config.old_decay_max)
+    return min(start + rate * (step - delay), maximum)
 
 
 def training_times(
@@ -122,6 +126,8 @@ def training_times(
 
 class DiffusionNFT:
     """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
+
+    separate_sampler = False
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config.algorithm
@@ -192,7 +198,7 @@ class DiffusionNFT:
             "nft/positive_loss": terms.positive.detach(),
             "nft/negative_loss": terms.negative.detach(),
             "nft/reference_mse": terms.reference.detach(),
-            "nft/old_deviation": _pixel_mean((v_theta.detach().float() - v_old.float()) ** 2),
+            "nft/old_deviation": pixel_mean((v_theta.detach().float() - v_old.float()) ** 2),
             "nft/optimality_probability": optimality_probability(
                 batch.advantages, self.config.advantage_clip
             ),

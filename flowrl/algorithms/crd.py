@@ -1,0 +1,219 @@
+"""CRD: centered reward distillation on the forward process (Zhu et al., 2026).
+
+KL-regularised reward maximisation has the optimum ``pi* ∝ pi_ref exp(R / beta)``,
+so ``R = beta log(pi* / pi_ref) + beta log Z(c)``; within a prompt group the
+normaliser ``log Z(c)`` is shared and **centering** removes it. The implicit
+log-ratio of a sample is estimated, as in DiffusionNFT, by how much better
+``theta`` reconstructs it than the old model does, at a fresh ``x_t = (1 - t) x0 + t eps``::
+
+    x0_m  = x_t - t v_m                                        m = theta, old
+    e_m   = ||x0_m - x0||² / w_m,   w_m = sg(mean |x0_m - x0|)  adaptive x0-space weighting (w = 1 when off)
+    l     = -(e_theta - e_old)                                 implicit log-ratio of theta against old
+    r     = clip(A, -c, c) / (2 c) + 1/2                       optimality probability, as DiffusionNFT
+    l_c, r_c = l - mean_group l,  r - mean_group r              centred within each prompt group
+    squared:   L = (beta l_c - r_c)²
+    logistic:  L = -[q log s(beta l_c) + (1 - q) log s(-beta l_c)],  q = clip(r_c + 1/2, 0, 1)
+               (s: the sigmoid; q: the chance to beat the group's average)
+
+plus the **KL anchor** to the CFG-guided base model,
+``k_i ||v_theta - v_ref^w||²`` with ``v_ref^w = v_ref(∅) + w (v_ref(c) - v_ref(∅))``
+at the anchor's guidance ``w`` (the semantics the base model is used with),
+and a **reward-adaptive strength** ``k_i = lambda s(step) (floor + (1 - floor) r_i)``
+with a linear schedule ``s``. The loss is the mean over samples.
+
+For the squared form the gradient through the group means vanishes exactly
+(centred residuals sum to zero in a group), so each micro-batch needs whole
+groups for the means' values only: micro-batches must hold whole groups.
+
+**Decoupled sampler.** Rollouts come from a separate ``sampler`` copy that is
+held at the base for ``sampler_delay_steps`` and then moves slowly
+(``theta_s <- eta theta_s + (1 - eta) theta``); the ``old`` model of the
+log-ratio follows ``theta`` on its own (DiffusionNFT's) schedule. Without the
+split the log-ratio signal collapses as old and sampler chase each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, TrainRows, weighted_mean
+from flowrl.algorithms.nft import (
+    ADAPTIVE_WEIGHT_MIN,
+    DiffusionNFT,
+    delayed_decay,
+    old_policy_decay,
+    optimality_probability,
+    pixel_mean,
+)
+from flowrl.config import ConfigError, TrainConfig
+from samplers import guided_velocity
+
+
+def reconstruction_error(
+    v: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, adaptive: bool
+):
+    """``e = ||x0_m - x0||² / w`` per sample with ``x0_m = x_t - t v`` (``w = sg(mean |x0_m - x0|)`` or 1)."""
+    error = x_t - t * v - x0
+    squared = pixel_mean(error**2)
+    if not adaptive:
+        return squared
+    with torch.no_grad():
+        weight = pixel_mean(error.abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+    return squared / weight
+
+
+def group_centred(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``values - mean`` over consecutive groups of ``group_size`` rows."""
+    grouped = values.view(-1, group_size)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+@dataclass
+class CRDTerms:
+    """The loss and its parts, per sample ``[B]``."""
+
+    loss: torch.Tensor
+    matching: torch.Tensor
+    anchor: torch.Tensor
+    log_ratio: torch.Tensor
+    anchor_strength: torch.Tensor
+
+
+def crd_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    v_anchor: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    advantages: torch.Tensor,
+    group_size: int,
+    beta: float,
+    advantage_clip: float,
+    form: str = "squared",
+    adaptive_weighting: bool = True,
+    anchor_strength: torch.Tensor | None = None,
+) -> CRDTerms:
+    """The CRD loss of the module docstring, per sample; rows are whole groups of ``group_size``."""
+    if x0.shape[0] % group_size:
+        raise ValueError(f"CRD needs whole groups: {x0.shape[0]} rows are not groups of {group_size}")
+    x0, x_t = x0.float(), x_t.float()
+    t = t.float().reshape(-1, *([1] * (x0.ndim - 1)))
+    e_theta = reconstruction_error(v_theta.float(), x_t, x0, t, adaptive_weighting)
+    with torch.no_grad():
+        e_old = reconstruction_error(v_old.detach().float(), x_t, x0, t, adaptive_weighting)
+    log_ratio = -(e_theta - e_old)
+    r = optimality_probability(advantages.float(), advantage_clip)
+    logits = beta * group_centred(log_ratio, group_size)
+    if form == "squared":
+        matching = (logits - group_centred(r, group_size)) ** 2
+    elif form == "logistic":
+        target = (group_centred(r, group_size) + 0.5).clamp(0.0, 1.0)
+        matching = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    else:
+        raise ValueError(f"unknown CRD loss form {form!r}; allowed: squared, logistic")
+    strength = torch.ones_like(r) if anchor_strength is None else anchor_strength.float()
+    anchor = pixel_mean((v_theta.float() - v_anchor.detach().float()) ** 2)
+    return CRDTerms(matching + strength * anchor, matching, anchor, log_ratio.detach(), strength)
+
+
+class CRD(DiffusionNFT):
+    """CRD as a trainer algorithm: DiffusionNFT's rollouts, rows and draws; the CRD loss; two schedules."""
+
+    separate_sampler = True
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        self.group_size = config.training.group_size
+        self.step = 1
+
+    def num_rows(self, num_samples: int, step: int = 1) -> int:
+        if num_samples % self.group_size:
+            raise ConfigError(
+                f"algorithm.name='crd' needs whole prompt groups on every process: {num_samples} images per "
+                f"process are not groups of training.group_size={self.group_size}"
+            )
+        return num_samples
+
+    def training_rows(
+        self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
+    ) -> TrainRows:
+        self.step = step
+        return super().training_rows(chunks, advantages, rewards, step)
+
+    def anchor_strength(self, advantages: torch.Tensor) -> torch.Tensor:
+        """``lambda s(step) (floor + (1 - floor) r)`` per sample (``floor + ...`` only when adaptive)."""
+        config = self.config
+        if config.anchor_schedule_steps:
+            progress = min(self.step / config.anchor_schedule_steps, 1.0)
+            factor = 1.0 + (config.anchor_schedule_end - 1.0) * progress
+        else:
+            factor = 1.0
+        strength = torch.full_like(advantages, config.anchor_weight * factor, dtype=torch.float32)
+        if config.anchor_adaptive:
+            r = optimality_probability(advantages.float(), config.advantage_clip)
+            strength = strength * (config.anchor_floor + (1 - config.anchor_floor) * r)
+        return strength
+
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x0 = batch.x0
+        t = batch.draws["t"][pass_index].to(x0.device)
+        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
+        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+        x_t = (1 - column) * x0 + column * noise
+        v_theta = policy.velocity(x_t, t, batch.cond)
+        with torch.no_grad():
+            v_old = policy.old_velocity(x_t, t, batch.cond)
+            anchor_velocity = guided_velocity(
+                policy.reference_velocity, self.config.anchor_guidance, policy.encode([""])
+            )
+            v_anchor = anchor_velocity(x_t, t, batch.cond)
+        terms = crd_loss(
+            v_theta,
+            v_old,
+            v_anchor,
+            x_t,
+            x0,
+            t,
+            batch.advantages,
+            self.group_size,
+            self.config.crd_beta,
+            self.config.advantage_clip,
+            self.config.crd_loss,
+            self.config.adaptive_weighting,
+            self.anchor_strength(batch.advantages),
+        )
+        stats = {
+            "crd/matching_loss": terms.matching.detach(),
+            "crd/anchor_mse": terms.anchor.detach(),
+            "crd/anchor_strength": terms.anchor_strength,
+            "crd/log_ratio_std": terms.log_ratio.std().reshape(1),
+            "crd/optimality_probability": optimality_probability(
+                batch.advantages, self.config.advantage_clip
+            ),
+        }
+        return weighted_mean(terms.loss, batch.weights), stats
+
+    def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
+        log = {}
+        old_decay = old_policy_decay(self.config, step)
+        if old_decay is not None:
+            policy.update_old(old_decay)
+        config = self.config
+        sampler_decay = delayed_decay(
+            step,
+            config.sampler_delay_steps,
+            config.sampler_decay_start,
+            config.sampler_decay_rate,
+            config.sampler_decay_max,
+        )
+        if sampler_decay is not None:
+            policy.update_sampler(sampler_decay)
+        log["crd/old_decay"] = -1.0 if old_decay is None else old_decay
+        log["crd/sampler_decay"] = -1.0 if sampler_decay is None else sampler_decay
+        return log
