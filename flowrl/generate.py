@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from flowrl.models.shapes_dit import ShapesDiT
-from samplers import ODE_SOLVERS, guided_velocity, timesteps
+from samplers import ODE_SOLVERS, guided_average_velocity, guided_velocity, meanflow_sample, timesteps
 
 
 def seeded_noise(
@@ -46,7 +46,8 @@ def generate(
 ) -> torch.Tensor:
     """Images ``[B, 3, H, W]`` in [0, 1] for prompts and seeds, optional CFG (1.0 = off).
 
-    ``solver`` names one of ``samplers.ODE_SOLVERS`` (``euler``, ``heun``, ``dpm2m``).
+    ``solver`` names one of ``samplers.ODE_SOLVERS`` (``euler``, ``heun``, ``dpm2m``); a MeanFlow model
+    always takes ``num_steps`` average-velocity steps (``x_r = x_t - (t - r) u``) instead.
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
@@ -64,5 +65,13 @@ def generate(
             lambda x, t, c: model(x, t, *c), guidance_scale, model.encode_prompts([""] * len(chunk))
         )
         noise = seeded_noise(seeds[start : start + batch_size], shape, device)
+        if config.mean_flow:
+            average = guided_average_velocity(
+                lambda x, r, t, c: model(x, t, *c, r=r),
+                guidance_scale,
+                model.encode_prompts([""] * len(chunk)),
+            )
+            outputs.append(model_space_to_images(meanflow_sample(average, noise, schedule, cond).x0))
+            continue
         outputs.append(model_space_to_images(ODE_SOLVERS[solver](velocity, noise, schedule, cond).x0))
     return torch.cat(outputs)

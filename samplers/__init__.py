@@ -4,9 +4,9 @@ Depends on torch only; knows nothing of rewards or training. Every sampler
 returns a :class:`Rollout` (or a :class:`TreeRollout`).
 """
 
-from samplers.cfg import guided_velocity
+from samplers.cfg import guided_average_velocity, guided_velocity
 from samplers.conditioning import broadcast_rows, concat_rows, num_rows, select_rows
-from samplers.meanflow import meanflow_sample
+from samplers.meanflow import induced_velocity, meanflow_sample
 from samplers.ode import dpm_solver_2m, euler, heun
 from samplers.rollout import AverageVelocityFn, Rollout, TreeRollout, VelocityFn
 from samplers.schedules import shift_time, timesteps
@@ -35,8 +35,10 @@ __all__ = [
     "dpm_solver_2m",
     "euler",
     "gaussian_log_prob",
+    "guided_average_velocity",
     "guided_velocity",
     "heun",
+    "induced_velocity",
     "meanflow_sample",
     "num_rows",
     "sde_sample",

@@ -1,12 +1,21 @@
-"""Few-step sampling with a MeanFlow average velocity ``u(x, r, t)``."""
+"""MeanFlow: few-step sampling with an average velocity ``u(x, r, t)``, and the velocity it induces.
+
+``u(x_t, r, t)`` is the average velocity over ``[r, t]`` along the flow, so
+``x_r = x_t - (t - r) u``. The MeanFlow identity ties it to the
+instantaneous velocity ``v``: ``v(x_t, t) = u + (t - r) d/dt u(x_t, r, t)``,
+with ``d/dt`` the total derivative along the trajectory (``dx/dt = v``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from samplers.rollout import AverageVelocityFn, Rollout
+
+INDUCED_METHODS = ("jvp", "central")
 
 
 @torch.no_grad()
@@ -32,3 +41,43 @@ def meanflow_sample(
             states = states[-1:]
     latents = torch.stack(states, dim=1) if keep_latents else None
     return Rollout(x0=states[-1], timesteps=timesteps, nfe=len(timesteps) - 1, latents=latents)
+
+
+def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return values.reshape(-1, *([1] * (like.ndim - 1))).to(like.dtype)
+
+
+def induced_velocity(
+    average_velocity: AverageVelocityFn,
+    x: torch.Tensor,
+    r: torch.Tensor,
+    t: torch.Tensor,
+    cond: Any,
+    direction: torch.Tensor,
+    method: str = "jvp",
+    step: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V, u)`` with ``V = u(x, r, t) + (t - r) du/dt``, ``du/dt = d_x u . direction + d_t u``.
+
+    ``direction`` is ``dx/dt`` along the path (``eps - x0`` on the straight
+    interpolant). ``method="jvp"``: exact, by forward-mode differentiation
+    (``torch.func.jvp``; ``V`` keeps the graph of ``u``'s parameters); fused
+    attention kernels have no forward-mode rule on CPU, so attention runs on
+    PyTorch's math backend inside it. ``"central"``: ``[u(x + h d, r, t + h) -
+    u(x - h d, r, t - h)] / 2h`` without gradient (second-order accurate), the
+    cheap option when the derivative is taken once on a frozen model and shared.
+    """
+    if method not in INDUCED_METHODS:
+        raise ValueError(f"unknown method {method!r}; allowed: {INDUCED_METHODS}")
+    if method == "jvp":
+        with sdpa_kernel([SDPBackend.MATH]):
+            u, derivative = torch.func.jvp(
+                lambda x_, t_: average_velocity(x_, r, t_, cond), (x, t), (direction, torch.ones_like(t))
+            )
+    else:
+        u = average_velocity(x, r, t, cond)
+        with torch.no_grad():
+            forward = average_velocity(x + step * direction, r, t + step, cond)
+            backward = average_velocity(x - step * direction, r, t - step, cond)
+            derivative = (forward - backward) / (2 * step)
+    return u + _column(t - r, u) * derivative, u

@@ -80,7 +80,7 @@ def base_weights(transformer):
     return {name: value.clone() for name, value in transformer.state_dict().items() if "lora_" not in name}
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "crd"])
 def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file, tmp_path, algorithm):
     kind, model_dir = pipeline_dir
     config = config_for(kind, model_dir, prompt_file, tmp_path / "run", f"algorithm.name={algorithm}")
@@ -120,6 +120,8 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     if algorithm == "flow_grpo":
         for key, value in adapters_after["default"].items():
             assert torch.equal(adapters_after["old"][key], value)
+    if algorithm == "crd":  # the decoupled sampler adapter is held at its start for sampler_delay_steps
+        assert changed["sampler"] == 0 and set(adapters_after) == {"default", "old", "sampler"}
     assert all(p.dtype == torch.float32 and p.requires_grad for p in policy.trainable_parameters())
     with torch.no_grad():
         assert torch.equal(policy.reference_velocity(x, t, cond), reference_before)

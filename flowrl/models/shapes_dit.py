@@ -21,6 +21,14 @@ Conditioning, designed so that binding, counts and positions are learnable:
     modulation of every block (global facts such as the count);
   - image patches carry learned 2-D position embeddings, so "left" and
     "above" have a place to bind to.
+
+MeanFlow variant (``ShapesDiTConfig.mean_flow``): ``forward(x_t, t, ids,
+mask, r)`` returns the **average** velocity ``u(x_t, r, t)`` over ``[r, t]``
+(``x_r = x_t - (t - r) u``); the interval ``t - r`` gets its own embedding,
+added to the time embedding. Its last layer starts at zero, so a MeanFlow
+model made from a flow model (:meth:`ShapesDiT.as_mean_flow`) starts as
+``u(x, r, t) = v(x, t)``. With ``"sample"`` prediction the head is the
+endpoint estimate ``x_t - t u``.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class ShapesDiTConfig:
     max_prompt_tokens: int = 16
     prediction: str = "velocity"  #: "velocity" or "sample" (see module docstring)
     min_time: float = 0.05  #: t_min of the "sample" parametrisation
+    mean_flow: bool = False  #: predict the average velocity u(x, r, t) (a MeanFlow model)
 
 
 PREDICTIONS = ("velocity", "sample")
@@ -181,6 +190,11 @@ class ShapesDiT(nn.Module):
         self.patch_embed = nn.Linear(config.channels * patch * patch, hidden)
         self.position_embedding = nn.Parameter(torch.zeros(1, grid * grid, hidden))
         self.time_mlp = nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.interval_mlp = (
+            nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+            if config.mean_flow
+            else None
+        )
         self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
         self.blocks = nn.ModuleList(
             DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size)
@@ -190,9 +204,22 @@ class ShapesDiT(nn.Module):
         self.final_modulation = nn.Linear(hidden, 2 * hidden)
         self.final_linear = nn.Linear(hidden, config.channels * patch * patch)
         nn.init.normal_(self.position_embedding, std=0.02)
-        for module in (self.final_modulation, self.final_linear):
+        zero_initialised = [self.final_modulation, self.final_linear]
+        if self.interval_mlp is not None:
+            zero_initialised.append(self.interval_mlp[-1])
+        for module in zero_initialised:
             nn.init.zeros_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def as_mean_flow(self) -> ShapesDiT:
+        """A MeanFlow copy of this flow model: the same weights plus a zero interval embedding, so that
+        ``u(x, r, t) = v(x, t)`` until it is trained."""
+        if self.config.mean_flow:
+            raise ValueError("this model is already a MeanFlow model")
+        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "mean_flow": True}))
+        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
+        assert not unexpected and all(name.startswith("interval_mlp.") for name in missing)
+        return model.to(self.position_embedding.device)
 
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask for prompts, on the model's device. The empty prompt is the unconditional one."""
@@ -214,15 +241,25 @@ class ShapesDiT(nn.Module):
         return x.reshape(batch, channels, grid * p, grid * p)
 
     def forward(
-        self, x: torch.Tensor, t: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        r: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Velocity at ``x`` ``[B, 3, H, W]`` and time ``t`` ``[B]`` (or scalar) for prompt tokens ``ids, mask``."""
+        """Velocity at ``x`` ``[B, 3, H, W]`` and time ``t`` ``[B]`` (or scalar) for prompt tokens ``ids, mask``;
+        a MeanFlow model returns the average velocity over ``[r, t]`` (``r = t`` when not given: ``v``)."""
         if t.ndim == 0:
             t = t.expand(x.shape[0])
+        if r is not None and self.interval_mlp is None:
+            raise ValueError("r (an interval start) is given, but this is not a MeanFlow model")
         text, pooled = self.text_encoder(ids, mask)
-        condition = F.silu(
-            self.time_mlp(timestep_embedding(t, 256).to(x.dtype)) + self.text_to_condition(pooled)
-        )
+        embedded_time = self.time_mlp(timestep_embedding(t, 256).to(x.dtype))
+        if self.interval_mlp is not None:
+            interval = t - (t if r is None else r.expand(x.shape[0]) if r.ndim == 0 else r)
+            embedded_time = embedded_time + self.interval_mlp(timestep_embedding(interval, 256).to(x.dtype))
+        condition = F.silu(embedded_time + self.text_to_condition(pooled))
         tokens = self.patch_embed(self._patchify(x)) + self.position_embedding
         for block in self.blocks:
             tokens = block(tokens, condition, text, mask)

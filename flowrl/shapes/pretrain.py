@@ -9,6 +9,16 @@ noise, and regresses the velocity::
 
     x_t = (1 - t) x0 + t eps,     loss = || v_theta(x_t, t, prompt) - (eps - x0) ||^2
 
+``objective="meanflow"`` trains a MeanFlow model (the average velocity
+``u(x, r, t)``, see :mod:`flowrl.models.shapes_dit`) with the MeanFlow loss::
+
+    (t, r) = (max, min) of two time draws; a share with r = t, a share with r = 0
+    v = eps - x0,   du/dt = d_x u . v + d_t u           (one JVP, samplers.induced_velocity)
+    loss = || u_theta(x_t, r, t) - sg(v - (t - r) du/dt) ||^2
+
+which at ``r = t`` is flow matching. ``init_from`` starts from a trained
+flow model (its MeanFlow copy starts as ``u = v``), far cheaper than from scratch.
+
 AdamW with linear warm-up then cosine decay; an exponential moving average of
 the weights is what gets saved. Everything random derives from one seed, so a
 run is reproducible on the same machine and thread count.
@@ -27,9 +37,11 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.generate import images_to_model_space
+from flowrl.models import load_shapes_model
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.shapes.grammar import sample_prompt, vocabulary
 from flowrl.shapes.render import render_prompt
+from samplers import induced_velocity
 
 
 @dataclass
@@ -56,9 +68,14 @@ class PretrainConfig:
     time_sampling: str = "logit_normal"  #: "uniform" or "logit_normal"
     time_mean: float = 0.8  #: m of the logit-normal time (> 0: more steps at high noise)
     time_std: float = 0.8  #: s of the logit-normal time
+    objective: str = "flow"  #: "flow" (flow matching) or "meanflow" (a MeanFlow model, see module docstring)
+    init_from: str = ""  #: start from this shapes model (shipped name or directory) instead of from scratch
+    meanflow_equal_share: float = 0.5  #: meanflow: share of samples with r = t (plain flow matching)
+    meanflow_zero_share: float = 0.25  #: meanflow: share of samples with r = 0 (one-step jumps)
 
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")
+OBJECTIVES = ("flow", "meanflow")
 
 
 def sample_times(batch_size: int, config: PretrainConfig) -> torch.Tensor:
@@ -68,6 +85,30 @@ def sample_times(batch_size: int, config: PretrainConfig) -> torch.Tensor:
     if config.time_sampling == "logit_normal":
         return torch.sigmoid(config.time_mean + config.time_std * torch.randn(batch_size))
     raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
+
+
+def sample_intervals(batch_size: int, config: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """MeanFlow's ``(t, r)``: the larger and smaller of two time draws, then ``r = t`` for a share
+    ``meanflow_equal_share`` of the rows and ``r = 0`` for a share ``meanflow_zero_share``."""
+    first, second = sample_times(batch_size, config), sample_times(batch_size, config)
+    t, r = torch.maximum(first, second), torch.minimum(first, second)
+    kind = torch.rand(batch_size)
+    r = torch.where(kind < config.meanflow_equal_share, t, r)
+    zero = (kind >= config.meanflow_equal_share) & (
+        kind < config.meanflow_equal_share + config.meanflow_zero_share
+    )
+    return t, torch.where(zero, torch.zeros_like(r), r)
+
+
+def meanflow_loss(
+    model: ShapesDiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, r: torch.Tensor, cond: tuple
+) -> torch.Tensor:
+    """``|| u_theta(x_t, r, t) - sg(v - (t - r) du/dt) ||^2`` with ``du/dt`` along ``(v, 1)`` (module docstring)."""
+    x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+    v = noise - x0
+    induced, u = induced_velocity(lambda x, r_, t_, c: model(x, t_, *c, r=r_), x_t, r, t, cond, v, "jvp")
+    target = (v - (induced - u)).detach()  # induced - u = (t - r) du/dt
+    return (u - target).pow(2).mean()
 
 
 def learning_rate_at(step: int, config: PretrainConfig) -> float:
@@ -93,21 +134,31 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     """Train a :class:`ShapesDiT` from scratch; save the EMA weights and ``pretrain.json`` to ``output_dir``."""
     if config.time_sampling not in TIME_SAMPLINGS:
         raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
+    if config.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {config.objective!r}; allowed: {OBJECTIVES}")
     output_dir = Path(output_dir)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    model = ShapesDiT(
-        ShapesDiTConfig(
-            vocabulary=vocabulary(),
-            patch_size=config.patch_size,
-            hidden_size=config.hidden_size,
-            depth=config.depth,
-            num_heads=config.num_heads,
-            text_hidden_size=config.text_hidden_size,
-            text_layers=config.text_layers,
-            prediction=config.prediction,
+    meanflow = config.objective == "meanflow"
+    if config.init_from:
+        model = load_shapes_model(config.init_from)
+        if meanflow and not model.config.mean_flow:
+            model = model.as_mean_flow()
+    else:
+        model = ShapesDiT(
+            ShapesDiTConfig(
+                vocabulary=vocabulary(),
+                patch_size=config.patch_size,
+                hidden_size=config.hidden_size,
+                depth=config.depth,
+                num_heads=config.num_heads,
+                text_hidden_size=config.text_hidden_size,
+                text_layers=config.text_layers,
+                prediction=config.prediction,
+                mean_flow=meanflow,
+            )
         )
-    )
+    model.train()
     ema = ShapesDiT(model.config)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)
@@ -119,10 +170,14 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     progress = tqdm(range(config.steps), desc="pretrain shapes", dynamic_ncols=True)
     for step in progress:
         x0, prompts = training_batch(rng, config.batch_size, config.condition_dropout)
-        t = sample_times(config.batch_size, config)
         noise = torch.randn_like(x0)
-        x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
-        loss = (model(x_t, t, *model.encode_prompts(prompts)) - (noise - x0)).pow(2).mean()
+        if meanflow:
+            t, r = sample_intervals(config.batch_size, config)
+            loss = meanflow_loss(model, x0, noise, t, r, model.encode_prompts(prompts))
+        else:
+            t = sample_times(config.batch_size, config)
+            x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+            loss = (model(x_t, t, *model.encode_prompts(prompts)) - (noise - x0)).pow(2).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, config)
         optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,118 @@
+"""MeanFlow: the identity v = u + (t - r) du/dt on a flow whose average velocity is known in closed form."""
+
+import pytest
+import torch
+
+from flowrl.generate import generate
+from flowrl.models.shapes_dit import ShapesDiT
+from flowrl.shapes.pretrain import PretrainConfig, meanflow_loss, pretrain, sample_intervals
+from samplers import induced_velocity, meanflow_sample
+
+MU, SIGMA = 0.3, 0.5  # data x0 ~ N(MU, SIGMA^2) per coordinate; x_t = (1 - t) x0 + t eps
+
+
+def mean(s):
+    return (1 - s) * MU
+
+
+def scale(s):
+    return torch.sqrt((1 - s) ** 2 * SIGMA**2 + s**2)
+
+
+def column(s, like):
+    return s.reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def flow_map(x, t, r):
+    """Where the ODE trajectory through ``x`` at time ``t`` is at time ``r`` (a linear map for Gaussian data)."""
+    return column(mean(r), x) + column(scale(r) / scale(t), x) * (x - column(mean(t), x))
+
+
+def average_velocity(x, r, t, cond=None):
+    """``u(x, r, t) = (x - x_r) / (t - r)`` in closed form."""
+    return (x - flow_map(x, t, r)) / column(t - r, x)
+
+
+def velocity(x, t):
+    """The instantaneous velocity ``dx/dt`` of the marginal flow."""
+    d_scale = ((1 - t) * -(SIGMA**2) + t) / scale(t)
+    return column(torch.full_like(t, -MU), x) + column(d_scale / scale(t), x) * (x - column(mean(t), x))
+
+
+@pytest.mark.parametrize("method, tolerance", [("jvp", 1e-10), ("central", 1e-6)])
+def test_the_induced_velocity_is_the_instantaneous_velocity(method, tolerance):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 2, 3, generator=g, dtype=torch.float64)
+    t = torch.tensor([0.9, 0.8, 0.6, 0.5, 0.4, 0.3], dtype=torch.float64)
+    r = t * torch.tensor([0.0, 0.3, 0.5, 0.7, 0.9, 0.2], dtype=torch.float64)
+    induced, u = induced_velocity(average_velocity, x, r, t, None, velocity(x, t), method, step=1e-4)
+    torch.testing.assert_close(induced, velocity(x, t), rtol=0, atol=tolerance)
+    assert (u - velocity(x, t)).abs().max() > 1e-2  # u itself is not v when r < t: the identity does the work
+
+
+def test_jvp_and_central_difference_agree_and_jvp_keeps_the_graph():
+    weight = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+
+    def scaled(x, r, t, cond):
+        return weight * average_velocity(x, r, t) + torch.sin(3 * column(t, x)) * x
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    t, r = torch.tensor([0.9, 0.7, 0.5, 0.3], dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    direction = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    exact, _ = induced_velocity(scaled, x, r, t, None, direction, "jvp")
+    approx, _ = induced_velocity(scaled, x, r, t, None, direction, "central", step=1e-5)
+    torch.testing.assert_close(approx, exact.detach(), rtol=1e-7, atol=1e-8)
+    exact.sum().backward()
+    assert weight.grad is not None and weight.grad != 0
+
+
+def test_one_average_velocity_step_is_exact():
+    noise = torch.randn(1000, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grid = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    x0 = meanflow_sample(average_velocity, noise, grid).x0
+    torch.testing.assert_close(x0, MU + SIGMA * noise)
+
+
+def test_a_meanflow_copy_of_a_flow_model_starts_as_the_flow_model(tiny_model):
+    """u(x, r, t) = v(x, t) before training, so N average-velocity steps are N Euler steps (also with CFG)."""
+    mean_flow = tiny_model.as_mean_flow()
+    assert mean_flow.config.mean_flow and mean_flow.interval_mlp is not None
+    prompts, seeds = ["a red circle", "two blue squares"], [3, 4]
+    for guidance in (1.0, 3.0):
+        euler = generate(tiny_model, prompts, seeds, num_steps=3, guidance_scale=guidance)
+        average = generate(mean_flow, prompts, seeds, num_steps=3, guidance_scale=guidance)
+        torch.testing.assert_close(average, euler, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="not a MeanFlow model"):
+        tiny_model(
+            torch.zeros(1, 3, 32, 32), torch.ones(1), *tiny_model.encode_prompts(["a"]), r=torch.zeros(1)
+        )
+
+
+def test_the_meanflow_loss_at_r_equal_t_is_flow_matching(tiny_model):
+    model = tiny_model.as_mean_flow()
+    with torch.no_grad():  # a trained interval embedding, so that r matters
+        for parameter in model.interval_mlp.parameters():
+            parameter.normal_(0, 0.1)
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(3, 3, 32, 32, generator=g), torch.randn(3, 3, 32, 32, generator=g)
+    t = torch.tensor([0.8, 0.5, 0.3])
+    cond = model.encode_prompts(["a red circle"] * 3)
+    x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+    flow_matching = (model(x_t, t, *cond, r=t) - (noise - x0)).pow(2).mean()
+    torch.testing.assert_close(meanflow_loss(model, x0, noise, t, t, cond), flow_matching)
+    assert meanflow_loss(model, x0, noise, t, torch.zeros(3), cond).item() != pytest.approx(flow_matching.item())
+
+
+def test_meanflow_pretraining_starts_from_a_flow_model_and_saves_a_meanflow_model(tiny_model_dir, tmp_path):
+    config = PretrainConfig(
+        steps=2, batch_size=4, warmup_steps=1, objective="meanflow", init_from=str(tiny_model_dir)
+    )
+    model = pretrain(config, tmp_path / "meanflow")
+    loaded = ShapesDiT.from_pretrained(tmp_path / "meanflow")
+    assert loaded.config.mean_flow and model.config.mean_flow
+    assert any(parameter.abs().sum() > 0 for parameter in loaded.interval_mlp[-1].parameters())
+    t, r = sample_intervals(2000, PretrainConfig(meanflow_equal_share=0.5, meanflow_zero_share=0.25))
+    assert (r <= t).all()
+    assert (r == t).float().mean() == pytest.approx(0.5, abs=0.05)
+    assert (r == 0).float().mean() == pytest.approx(0.25, abs=0.05)
