@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=8700)
     server.set_defaults(run=_reward_server)
 
-    pretrain = commands.add_parser("pretrain-shapes", help="pretrain a shapes model: flow matching, or MeanFlow (--objective meanflow)")
+    pretrain = commands.add_parser(
+        "pretrain-shapes", help="pretrain a shapes model: flow matching, or MeanFlow (--objective meanflow)"
+    )
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")
     for f in fields(PretrainConfig):
         pretrain.add_argument(

@@ -84,14 +84,18 @@ class SamplerConfig:
 class AlgorithmConfig:
     """The RL algorithm and its settings (one flat section; each key says which algorithms read it).
 
-    ``nft``: DiffusionNFT (:mod:`flowrl.algorithms.nft`); ``crd``: centered
+    ``nft``: DiffusionNFT (:mod:`flowrl.algorithms.nft`); ``meanflow_nft``:
+    MeanFlowNFT for MeanFlow models (:mod:`flowrl.algorithms.meanflow_nft`,
+    the nft keys plus ``meanflow_*``); ``crd``: centered
     reward distillation (:mod:`flowrl.algorithms.crd`; it also reads the nft
     keys for its timesteps, adaptive weighting and old-model schedule);
     ``flow_grpo``: Flow-GRPO and ``branch_grpo``: BranchGRPO
     (:mod:`flowrl.algorithms.grpo`).
     """
 
-    name: str = field(default="nft", metadata=_choice("nft", "crd", "flow_grpo", "branch_grpo"))
+    name: str = field(
+        default="nft", metadata=_choice("nft", "crd", "meanflow_nft", "flow_grpo", "branch_grpo")
+    )
     # --- all: group advantages
     advantage_clip: float = field(default=5.0, metadata=_at_least(0.0, strict=True))
     std_scope: str = field(default="batch", metadata=_choice("batch", "group"))
@@ -108,6 +112,9 @@ class AlgorithmConfig:
     old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     old_update_every: int = field(default=10, metadata=_at_least(1))
     old_delay_steps: int = field(default=20, metadata=_at_least(0))
+    # --- meanflow_nft: how d/dt u is taken and which interval [r, t] is trained
+    meanflow_derivative: str = field(default="jvp", metadata=_choice("jvp", "central"))
+    meanflow_interval: str = field(default="grid", metadata=_choice("grid", "equal", "uniform"))
     # --- crd: reward matching, the KL anchor to the CFG-guided base, and the decoupled sampler
     crd_loss: str = field(default="squared", metadata=_choice("squared", "logistic"))
     #: beta of ``beta * l_theta`` matched to the centred optimality probability

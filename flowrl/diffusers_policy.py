@@ -154,29 +154,44 @@ class DiffusersPolicy:
     def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
         return self.backend.initial_noise(seeds, device)
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+    def velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        _no_interval(r)
         return self.backend.velocity(self.model, x, t, cond)
 
-    def old_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+    def old_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        _no_interval(r)
         if self.lora_rank:
             with self._active(OLD):
                 return self.backend.velocity(self.backend.transformer, x, t, cond)
         return self.backend.velocity(self.old, x, t, cond)
 
-    def sampler_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+    def sampler_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        _no_interval(r)
         """The rollout policy: the ``sampler`` copy when decoupled, else ``old``."""
         if self.lora_rank:
             with self._active(SAMPLER if self.separate_sampler else OLD):
                 return self.backend.velocity(self.backend.transformer, x, t, cond)
         return self.backend.velocity(self.sampler, x, t, cond)
 
-    def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+    def reference_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        _no_interval(r)
         if self.lora_rank:
             with self._active(None):
                 return self.backend.velocity(self.backend.transformer, x, t, cond)
         return self.backend.velocity(self.reference, x, t, cond)
 
-    def tuned_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+    def tuned_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        _no_interval(r)
         """The velocity of the model that is saved: the EMA when kept, else the trained weights."""
         if self.lora_rank:
             with self._active(EMA if self.ema_decay > 0 else TRAINED):
@@ -296,6 +311,11 @@ class DiffusersPolicy:
             transformer_lora_layers=layers,
             transformer_lora_adapter_metadata=self.lora_config.to_dict(),
         )
+
+
+def _no_interval(r: torch.Tensor | None) -> None:
+    if r is not None:
+        raise ValueError("MeanFlow (an interval start r) needs a network that takes r; SD3 and FLUX do not")
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

@@ -55,17 +55,25 @@ class ShapesPolicy:
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.unwrapped.encode_prompts(prompts)
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        return self.model(x, t, *cond)
+    def velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.model(x, t, *cond, r=r)
 
-    def old_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        return self.old(x, t, *cond)
+    def old_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.old(x, t, *cond, r=r)
 
-    def sampler_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        return self.sampler(x, t, *cond)
+    def sampler_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.sampler(x, t, *cond, r=r)
 
-    def reference_velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        return self.reference(x, t, *cond)
+    def reference_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.reference(x, t, *cond, r=r)
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Model-space samples to images in [0, 1]."""

@@ -101,7 +101,9 @@ def test_the_meanflow_loss_at_r_equal_t_is_flow_matching(tiny_model):
     x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
     flow_matching = (model(x_t, t, *cond, r=t) - (noise - x0)).pow(2).mean()
     torch.testing.assert_close(meanflow_loss(model, x0, noise, t, t, cond), flow_matching)
-    assert meanflow_loss(model, x0, noise, t, torch.zeros(3), cond).item() != pytest.approx(flow_matching.item())
+    assert meanflow_loss(model, x0, noise, t, torch.zeros(3), cond).item() != pytest.approx(
+        flow_matching.item()
+    )
 
 
 def test_meanflow_pretraining_starts_from_a_flow_model_and_saves_a_meanflow_model(tiny_model_dir, tmp_path):
@@ -116,3 +118,95 @@ def test_meanflow_pretraining_starts_from_a_flow_model_and_saves_a_meanflow_mode
     assert (r <= t).all()
     assert (r == t).float().mean() == pytest.approx(0.5, abs=0.05)
     assert (r == 0).float().mean() == pytest.approx(0.25, abs=0.05)
+
+
+@pytest.mark.parametrize("derivative", ["jvp", "central"])
+def test_with_r_equal_t_meanflow_nft_is_diffusion_nft(tiny_model, derivative):
+    from flowrl.algorithms.base import TrainBatch
+    from flowrl.algorithms.meanflow_nft import MeanFlowNFT
+    from flowrl.algorithms.nft import DiffusionNFT
+    from flowrl.config import load_config
+    from flowrl.policy import ShapesPolicy
+
+    model = tiny_model.as_mean_flow()
+    with torch.no_grad():
+        for parameter in model.interval_mlp.parameters():
+            parameter.normal_(0, 0.1)
+    policy = ShapesPolicy(model)
+    with torch.no_grad():  # theta away from old and reference, so that every term counts
+        for parameter in policy.model.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    config = load_config(
+        None, [f"algorithm.meanflow_derivative={derivative}", "algorithm.reference_weight=0.1"]
+    )
+    g = torch.Generator().manual_seed(0)
+    t = torch.tensor([[0.9, 0.6, 0.3]])
+    batch = TrainBatch(
+        {"x0": torch.rand(3, 3, 32, 32, generator=g) * 2 - 1},
+        policy.encode(["a red circle", "two blue squares", "a green triangle"]),
+        torch.tensor([1.5, -0.5, 0.2]),
+        {"t": t, "r": t.clone(), "noise": torch.randn(1, 3, 3, 32, 32, generator=g)},
+    )
+    mean_flow_loss, _ = MeanFlowNFT(config).loss(policy, batch, 0)
+    nft_loss, _ = DiffusionNFT(config).loss(policy, batch, 0)
+    torch.testing.assert_close(mean_flow_loss, nft_loss, rtol=1e-5, atol=1e-7)
+    # ... and with r < t the induced velocity differs from u, so the loss does too
+    batch.draws["r"] = torch.zeros_like(t)
+    assert MeanFlowNFT(config).loss(policy, batch, 0)[0].item() != pytest.approx(nft_loss.item())
+
+
+def test_meanflow_nft_trains_the_intervals_of_the_few_step_sampler():
+    from flowrl.algorithms.meanflow_nft import interval_starts
+
+    grid = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    t = torch.tensor([[1.0, 0.5], [0.25, 0.75]])
+    torch.testing.assert_close(
+        interval_starts(t, grid, "grid", torch.Generator()), torch.tensor([[0.75, 0.25], [0.0, 0.5]])
+    )
+    torch.testing.assert_close(interval_starts(t, grid, "equal", torch.Generator()), t)
+    uniform = interval_starts(t, grid, "uniform", torch.Generator().manual_seed(0))
+    assert (uniform <= t).all() and (uniform >= 0).all()
+
+
+def test_meanflow_nft_runs_in_the_trainer_and_resumes_exactly(tiny_model, tmp_path):
+    from flowrl.checkpoint import read_checkpoint
+    from flowrl.config import load_config
+    from flowrl.run_log import read_metrics
+    from flowrl.trainer import Trainer
+
+    tiny_model.as_mean_flow().save_pretrained(tmp_path / "meanflow_model")
+    common = [
+        f"model.name={tmp_path / 'meanflow_model'}",
+        "algorithm.name=meanflow_nft",
+        "sampler.num_steps=4",
+        "algorithm.train_timesteps=2",
+        "training.prompts_per_step=2",
+        "training.group_size=4",
+        "training.micro_batch_size=4",
+        "training.updates_per_step=1",
+        "training.learning_rate=0.001",
+        "evaluation.images_per_task=1",
+        "evaluation.num_steps=2",
+        "evaluation.base_guidance_scales=[1.0]",
+        "logging.sample_every=0",
+        "logging.checkpoint_every=1",
+        "logging.progress=false",
+    ]
+
+    def run(name, steps, *extra):
+        config = load_config(
+            "configs/shapes_nft.yaml",
+            [*common, f"training.steps={steps}", f"logging.output_dir={tmp_path / name}", *extra],
+        )
+        return Trainer(config).train()
+
+    summary = run("straight", 2)
+    assert 0.0 <= summary["tuned"]["1"]["geneval/overall"] <= 1.0
+    run("split", 1)
+    run("split", 2, "resume=latest")
+    _, a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "step_000002")
+    _, b = read_checkpoint(tmp_path / "split" / "checkpoints" / "step_000002")
+    for name, value in a["policy"]["model"].items():
+        torch.testing.assert_close(b["policy"]["model"][name], value, rtol=0, atol=1e-7)
+    rows = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    assert all(row["meanflow/interval"] > 0 for row in rows if "meanflow/interval" in row)

@@ -3,10 +3,17 @@
 from flowrl.algorithms.base import Algorithm, Policy, RolloutChunk, TrainBatch, TrainRows
 from flowrl.algorithms.crd import CRD
 from flowrl.algorithms.grpo import BranchGRPO, FlowGRPO
+from flowrl.algorithms.meanflow_nft import MeanFlowNFT
 from flowrl.algorithms.nft import DiffusionNFT
 from flowrl.config import TrainConfig
 
-ALGORITHMS = {"nft": DiffusionNFT, "crd": CRD, "flow_grpo": FlowGRPO, "branch_grpo": BranchGRPO}
+ALGORITHMS = {
+    "nft": DiffusionNFT,
+    "meanflow_nft": MeanFlowNFT,
+    "crd": CRD,
+    "flow_grpo": FlowGRPO,
+    "branch_grpo": BranchGRPO,
+}
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:
@@ -21,6 +28,7 @@ __all__ = [
     "CRD",
     "DiffusionNFT",
     "FlowGRPO",
+    "MeanFlowNFT",
     "Policy",
     "RolloutChunk",
     "TrainBatch",

@@ -1,0 +1,143 @@
+"""MeanFlowNFT: DiffusionNFT for few-step MeanFlow generators.
+
+A MeanFlow policy predicts the average velocity ``u(x, r, t)`` and samples in
+a few steps ``x_r = x_t - (t - r) u``; DiffusionNFT needs an instantaneous
+velocity. The MeanFlow identity gives one, induced by ``u``::
+
+    V(x_t, r, t) = u(x_t, r, t) + (t - r) d/dt u(x_t, r, t),   d/dt = d_x . (eps - x0) + d_t
+
+and the DiffusionNFT loss (:func:`flowrl.algorithms.nft.nft_loss`) is applied
+to ``V_theta`` and ``V_old`` at ``x_t = (1 - t) x0 + t eps``. ``d/dt`` is a
+JVP (exact, through ``theta``), or with ``meanflow_derivative: central`` a
+no-grad central difference taken once on the old model and shared:
+``V_theta = u_theta + (t - r) du_old/dt`` (cheaper: no forward-mode pass
+through the trained network). The reference term compares average
+velocities, ``lambda ||u_theta - u_ref||²``. At ``r = t`` everything is
+DiffusionNFT's.
+
+``(t, r)``: ``t`` as DiffusionNFT draws it (rollout grid or sampled); ``r``
+the next time of the rollout grid after ``t`` (``meanflow_interval: grid``,
+the interval the few-step sampler uses), ``t`` itself (``equal``), or
+uniform in ``[0, t]`` (``uniform``). Rollouts: the average-velocity sampler
+on the rollout grid (``sampler.num_steps``, typically 4), CFG-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, weighted_mean
+from flowrl.algorithms.nft import DiffusionNFT, nft_loss, optimality_probability, pixel_mean
+from flowrl.config import TrainConfig
+from samplers import VelocityFn, induced_velocity, meanflow_sample
+
+
+def interval_starts(
+    t: torch.Tensor, grid: torch.Tensor, mode: str, generator: torch.Generator
+) -> torch.Tensor:
+    """``r`` for training times ``t`` (any shape): the next grid time, ``t`` itself, or ``U(0, t)``."""
+    if mode == "equal":
+        return t.clone()
+    if mode == "uniform":
+        return t * torch.rand(t.shape, generator=generator)
+    grid = grid.float()
+    # the first grid time strictly below t (t is a grid time in "grid" timestep mode)
+    below = (grid[None, :] < t.reshape(-1, 1) - 1e-7).float()
+    index = below.argmax(dim=1)
+    return grid[index].reshape(t.shape)
+
+
+class MeanFlowNFT(DiffusionNFT):
+    """MeanFlowNFT as a trainer algorithm (module docstring); rows are samples, as DiffusionNFT's."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        self.derivative = config.algorithm.meanflow_derivative
+        self.interval = config.algorithm.meanflow_interval
+
+    def rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        """Average-velocity steps over the rollout grid: ``x_r = x_t - (t - r) u(x_t, r, t)``."""
+        return RolloutChunk(meanflow_sample(lambda x, r, t, c: velocity(x, t, c, r=r), noise, grid, cond).x0)
+
+    def draw(
+        self,
+        generator: torch.Generator,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        grid: torch.Tensor,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        draws = super().draw(generator, num_samples, sample_shape, grid, step)
+        draws["r"] = interval_starts(draws["t"], grid, self.interval, generator)
+        return draws
+
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x0 = batch.x0
+        t = batch.draws["t"][pass_index].to(x0.device)
+        r = batch.draws["r"][pass_index].to(x0.device)
+        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
+        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+        x_t = (1 - column) * x0 + column * noise
+        direction = noise - x0
+
+        def average(network):
+            return lambda x, r_, t_, c: network(x, t_, c, r=r_)
+
+        with torch.no_grad():
+            if self.derivative == "jvp":
+                v_old, _ = induced_velocity(average(policy.old_velocity), x_t, r, t, batch.cond, direction)
+            else:
+                v_old, u_old = induced_velocity(
+                    average(policy.old_velocity), x_t, r, t, batch.cond, direction, "central"
+                )
+            u_ref = (
+                policy.reference_velocity(x_t, t, batch.cond, r=r)
+                if self.config.reference_weight > 0
+                else None
+            )
+        if self.derivative == "jvp":
+            v_theta, u_theta = induced_velocity(average(policy.velocity), x_t, r, t, batch.cond, direction)
+        else:
+            u_theta = policy.velocity(x_t, t, batch.cond, r=r)
+            v_theta = u_theta + (v_old - u_old)  # shares the old model's (t - r) du/dt
+        terms = nft_loss(
+            v_theta,
+            v_old,
+            None,
+            x_t,
+            x0,
+            t,
+            batch.advantages,
+            self.config.beta,
+            self.config.advantage_clip,
+            0.0,
+            self.config.adaptive_weighting,
+        )
+        loss = terms.loss
+        reference = torch.zeros_like(loss)
+        if u_ref is not None:
+            reference = pixel_mean((u_theta.float() - u_ref.float()) ** 2)
+            loss = loss + self.config.reference_weight * reference
+        stats = {
+            "nft/positive_loss": terms.positive.detach(),
+            "nft/negative_loss": terms.negative.detach(),
+            "nft/reference_mse": reference.detach(),
+            "nft/old_deviation": pixel_mean((v_theta.detach().float() - v_old.float()) ** 2),
+            "nft/optimality_probability": optimality_probability(
+                batch.advantages, self.config.advantage_clip
+            ),
+            "meanflow/interval": (t - r).float(),
+        }
+        return weighted_mean(loss, batch.weights), stats
