@@ -210,3 +210,30 @@ def test_meanflow_nft_runs_in_the_trainer_and_resumes_exactly(tiny_model, tmp_pa
         torch.testing.assert_close(b["policy"]["model"][name], value, rtol=0, atol=1e-7)
     rows = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     assert all(row["meanflow/interval"] > 0 for row in rows if "meanflow/interval" in row)
+
+
+def test_the_adaptive_meanflow_weight_is_a_robust_loss(tiny_model):
+    model = tiny_model.as_mean_flow()
+    g = torch.Generator().manual_seed(3)
+    x0, noise = torch.randn(4, 3, 32, 32, generator=g), torch.randn(4, 3, 32, 32, generator=g)
+    t, r = torch.tensor([0.9, 0.7, 0.5, 0.3]), torch.tensor([0.0, 0.2, 0.5, 0.1])
+    cond = model.encode_prompts(["a red circle"] * 4)
+    rows = [tuple(part[i : i + 1] for part in cond) for i in range(4)]
+    plain = [
+        meanflow_loss(model, x0[i : i + 1], noise[i : i + 1], t[i : i + 1], r[i : i + 1], rows[i])
+        for i in range(4)
+    ]
+    expected = torch.stack([value / (value + 1e-3) for value in plain]).mean()
+    torch.testing.assert_close(
+        meanflow_loss(model, x0, noise, t, r, cond, adaptive_p=1.0), expected, rtol=1e-4, atol=1e-6
+    )
+
+
+def test_the_shipped_meanflow_model_loads_and_samples_in_two_steps():
+    from flowrl.models import load_shapes_model
+
+    model = load_shapes_model("shapes-meanflow")
+    assert model.config.mean_flow
+    images = generate(model, ["a red circle", "two blue squares"], [0, 1], num_steps=2)
+    assert images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
+    assert images.std() > 0.05  # not a blank canvas

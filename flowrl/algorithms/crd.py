@@ -44,6 +44,7 @@ from flowrl.algorithms.nft import (
     ADAPTIVE_WEIGHT_MIN,
     DiffusionNFT,
     delayed_decay,
+    noised_samples,
     old_policy_decay,
     optimality_probability,
     pixel_mean,
@@ -161,11 +162,7 @@ class CRD(DiffusionNFT):
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        x0 = batch.x0
-        t = batch.draws["t"][pass_index].to(x0.device)
-        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
-        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
-        x_t = (1 - column) * x0 + column * noise
+        x0, t, _, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
         with torch.no_grad():
             v_old = policy.old_velocity(x_t, t, batch.cond)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, weighted_mean
-from flowrl.algorithms.nft import DiffusionNFT, nft_loss, optimality_probability, pixel_mean
+from flowrl.algorithms.nft import DiffusionNFT, nft_loss, noised_samples, optimality_probability, pixel_mean
 from flowrl.config import TrainConfig
 from samplers import VelocityFn, induced_velocity, meanflow_sample
 
@@ -84,12 +84,8 @@ class MeanFlowNFT(DiffusionNFT):
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        x0 = batch.x0
-        t = batch.draws["t"][pass_index].to(x0.device)
+        x0, t, noise, x_t = noised_samples(batch, pass_index)
         r = batch.draws["r"][pass_index].to(x0.device)
-        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
-        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
-        x_t = (1 - column) * x0 + column * noise
         direction = noise - x0
 
         def average(network):

@@ -124,6 +124,15 @@ def training_times(
     return candidates[order].T.contiguous()
 
 
+def noised_samples(batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, ...]:
+    """``(x0, t, eps, x_t)`` of a pass: the pass's drawn times and noise, ``x_t = (1 - t) x0 + t eps``."""
+    x0 = batch.x0
+    t = batch.draws["t"][pass_index].to(x0.device)
+    noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
+    column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+    return x0, t, noise, (1 - column) * x0 + column * noise
+
+
 class DiffusionNFT:
     """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
 
@@ -170,11 +179,7 @@ class DiffusionNFT:
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        x0 = batch.x0
-        t = batch.draws["t"][pass_index].to(x0.device)
-        noise = batch.draws["noise"][pass_index].to(x0.device, x0.dtype)
-        column = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
-        x_t = (1 - column) * x0 + column * noise
+        x0, t, noise, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
         with torch.no_grad():
             v_old = policy.old_velocity(x_t, t, batch.cond)

@@ -14,7 +14,11 @@ noise, and regresses the velocity::
 
     (t, r) = (max, min) of two time draws; a share with r = t, a share with r = 0
     v = eps - x0,   du/dt = d_x u . v + d_t u           (one JVP, samplers.induced_velocity)
-    loss = || u_theta(x_t, r, t) - sg(v - (t - r) du/dt) ||^2
+    loss = || u_theta(x_t, r, t) - sg(v - (t - r) du/dt) ||^2 / sg(|| . ||^2 + c)^p     (per sample)
+
+The adaptive weight (MeanFlow's, ``c = 1e-3``, ``p = meanflow_adaptive_p``)
+turns the squared error into a robust loss: the regression target moves with
+the model, and without it a few large-derivative samples make training diverge.
 
 which at ``r = t`` is flow matching. ``init_from`` starts from a trained
 flow model (its MeanFlow copy starts as ``u = v``), far cheaper than from scratch.
@@ -72,6 +76,7 @@ class PretrainConfig:
     init_from: str = ""  #: start from this shapes model (shipped name or directory) instead of from scratch
     meanflow_equal_share: float = 0.5  #: meanflow: share of samples with r = t (plain flow matching)
     meanflow_zero_share: float = 0.25  #: meanflow: share of samples with r = 0 (one-step jumps)
+    meanflow_adaptive_p: float = 1.0  #: meanflow: power p of the adaptive loss weight (0 = plain MSE)
 
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")
@@ -101,14 +106,24 @@ def sample_intervals(batch_size: int, config: PretrainConfig) -> tuple[torch.Ten
 
 
 def meanflow_loss(
-    model: ShapesDiT, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, r: torch.Tensor, cond: tuple
+    model: ShapesDiT,
+    x0: torch.Tensor,
+    noise: torch.Tensor,
+    t: torch.Tensor,
+    r: torch.Tensor,
+    cond: tuple,
+    adaptive_p: float = 0.0,
+    adaptive_c: float = 1e-3,
 ) -> torch.Tensor:
-    """``|| u_theta(x_t, r, t) - sg(v - (t - r) du/dt) ||^2`` with ``du/dt`` along ``(v, 1)`` (module docstring)."""
+    """The MeanFlow loss of the module docstring, ``du/dt`` along ``(v, 1)``; ``adaptive_p = 0``: plain MSE."""
     x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
     v = noise - x0
     induced, u = induced_velocity(lambda x, r_, t_, c: model(x, t_, *c, r=r_), x_t, r, t, cond, v, "jvp")
     target = (v - (induced - u)).detach()  # induced - u = (t - r) du/dt
-    return (u - target).pow(2).mean()
+    per_sample = (u - target).pow(2).flatten(1).mean(dim=1)
+    if adaptive_p:
+        per_sample = per_sample / (per_sample.detach() + adaptive_c) ** adaptive_p
+    return per_sample.mean()
 
 
 def learning_rate_at(step: int, config: PretrainConfig) -> float:
@@ -173,7 +188,9 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
         noise = torch.randn_like(x0)
         if meanflow:
             t, r = sample_intervals(config.batch_size, config)
-            loss = meanflow_loss(model, x0, noise, t, r, model.encode_prompts(prompts))
+            loss = meanflow_loss(
+                model, x0, noise, t, r, model.encode_prompts(prompts), config.meanflow_adaptive_p
+            )
         else:
             t = sample_times(config.batch_size, config)
             x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
