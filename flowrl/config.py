@@ -426,11 +426,7 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     _check_model(config.model)
     _check_grpo(config)
-    if config.algorithm.name == "crd" and config.training.micro_batch_size % config.training.group_size:
-        raise ConfigError(
-            f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must be a "
-            f"multiple of training.group_size={config.training.group_size} (the loss centres within whole groups)"
-        )
+    _check_crd(config)
     if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
         raise ConfigError(
             f"algorithm.train_timesteps={config.algorithm.train_timesteps} is more than the "
@@ -466,6 +462,15 @@ def _check_model(model: ModelConfig) -> None:
             raise ConfigError(
                 f"model.attention_backend={model.attention_backend!r} is not allowed; allowed: {allowed}"
             )
+
+
+def _check_crd(config: TrainConfig) -> None:
+    """CRD centres within prompt groups: a micro-batch must hold whole groups."""
+    if config.algorithm.name == "crd" and config.training.micro_batch_size % config.training.group_size:
+        raise ConfigError(
+            f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must be a "
+            f"multiple of training.group_size={config.training.group_size} (the loss centres within whole groups)"
+        )
 
 
 def _check_grpo(config: TrainConfig) -> None:

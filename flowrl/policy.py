@@ -87,25 +87,25 @@ class ShapesPolicy:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     @torch.no_grad()
+    def _move_towards_trained(self, copy_: nn.Module, decay: float) -> None:
+        """``theta_copy <- decay * theta_copy + (1 - decay) * theta``."""
+        for target, new in zip(copy_.parameters(), self.unwrapped.parameters()):
+            target.lerp_(new.detach(), 1 - decay)
+
     def update_old(self, decay: float) -> None:
         """``theta_old <- decay * theta_old + (1 - decay) * theta``."""
-        for old, new in zip(self.old.parameters(), self.unwrapped.parameters()):
-            old.lerp_(new.detach(), 1 - decay)
+        self._move_towards_trained(self.old, decay)
 
-    @torch.no_grad()
     def update_sampler(self, decay: float) -> None:
         """``theta_sampler <- decay * theta_sampler + (1 - decay) * theta`` (a separate sampler only)."""
         if self.sampler is self.old:
             raise RuntimeError("this policy samples with its old copy; build it with separate_sampler=True")
-        for sampler, new in zip(self.sampler.parameters(), self.unwrapped.parameters()):
-            sampler.lerp_(new.detach(), 1 - decay)
+        self._move_towards_trained(self.sampler, decay)
 
-    @torch.no_grad()
     def update_ema(self) -> None:
         """``theta_ema <- d * theta_ema + (1 - d) * theta`` (no-op without EMA)."""
         if self.ema is not None:
-            for ema, new in zip(self.ema.parameters(), self.unwrapped.parameters()):
-                ema.lerp_(new.detach(), 1 - self.ema_decay)
+            self._move_towards_trained(self.ema, self.ema_decay)
 
     def tuned(self) -> ShapesDiT:
         """The network to evaluate and ship: the EMA when kept, else the trained weights."""

@@ -40,7 +40,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from flowrl.algorithms import RolloutChunk, TrainBatch, build_algorithm
+from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
 from flowrl.backends import build_policy
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
@@ -119,7 +119,7 @@ def update_units(
     return [units[index : index + per_update] for index in range(0, len(units), per_update)]
 
 
-def check_batches(config: TrainConfig, num_processes: int):
+def check_batches(config: TrainConfig, num_processes: int) -> Algorithm:
     """Check that the global batch splits over ``num_processes`` and every step's backward units over
     ``updates_per_step``, without loading a model; returns the built algorithm.
 
