@@ -19,9 +19,11 @@ from rewards.registry import (
     resolve_reward,
 )
 from rewards.shapes_verifier import ShapesVerifier
+from rewards.video_shapes_verifier import VideoShapesVerifier
 from rewards.weights import MissingWeightsError
 
 register("shapes_verifier")(ShapesVerifier)
+register("video_shapes_verifier")(VideoShapesVerifier)
 for _name, _path in {
     "clip_score": "rewards.clip_score:CLIPScore",
     "pickscore": "rewards.pickscore:PickScore",
@@ -40,6 +42,7 @@ __all__ = [
     "MultiReward",
     "RewardError",
     "ShapesVerifier",
+    "VideoShapesVerifier",
     "available_rewards",
     "build_reward",
     "checked_scores",
