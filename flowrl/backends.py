@@ -1,4 +1,4 @@
-"""The policy backend a config names: the shapes model or a diffusers pipeline (SD3/SD3.5, FLUX)."""
+"""The policy backend a config names: the shapes model or a diffusers pipeline (SD3/SD3.5, FLUX, Wan 2.1)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ from flowrl.policy import ShapesPolicy
 def diffusers_backend_class(backend: str) -> type[DiffusersFlowModel]:
     from flowrl.models.flux import FluxModel
     from flowrl.models.sd3 import SD3Model
+    from flowrl.models.wan import WanModel
 
-    return {"sd3": SD3Model, "flux": FluxModel}[backend]
+    return {"sd3": SD3Model, "flux": FluxModel, "wan": WanModel}[backend]
 
 
 def load_diffusers_model(config: ModelConfig) -> DiffusersFlowModel:
-    """The SD3 or FLUX pipeline of ``config.name`` with the config's size, text length and attention."""
-    extra = {"guidance": config.guidance} if config.backend == "flux" else {}
+    """The SD3, FLUX or Wan pipeline of ``config.name`` with the config's size (and Wan's frame count),
+    text length and attention."""
+    extra = {
+        "flux": {"guidance": config.guidance},
+        "wan": {"num_frames": config.num_frames},
+    }.get(config.backend, {})
     backend = diffusers_backend_class(config.backend).from_pretrained(
         config.name,
         config.dtype,

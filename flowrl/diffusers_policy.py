@@ -1,4 +1,4 @@
-"""The diffusers policy backend: SD3/SD3.5 or FLUX with peft LoRA (or full fine-tuning).
+"""The diffusers policy backend: SD3/SD3.5, FLUX or Wan 2.1 with peft LoRA (or full fine-tuning).
 
 LoRA (``lora_rank > 0``): one transformer carries three peft adapters on the
 same target modules and no second copy of the base weights:
@@ -283,8 +283,9 @@ class DiffusersPolicy:
         model: str = "tuned",
         batch_size: int = 16,
     ) -> torch.Tensor:
-        """Images in [0, 1] from the ``tuned`` or ``base`` model: Euler on the model's shifted grid,
-        noise of image ``i`` seeded by ``seeds[i]``, CFG against the empty prompt when ``guidance_scale > 1``."""
+        """Media in [0, 1] (images, or Wan's videos) from the ``tuned`` or ``base`` model: Euler on the model's
+        shifted grid, noise of sample ``i`` seeded by ``seeds[i]``, CFG against the empty prompt when
+        ``guidance_scale > 1``."""
         velocity = {"tuned": self.tuned_velocity, "base": self.reference_velocity}[model]
         grid = timesteps(num_steps, shift=self.time_shift)
         guided = guided_velocity(velocity, guidance_scale, self.encode([""]))
@@ -315,7 +316,9 @@ class DiffusersPolicy:
 
 def _no_interval(r: torch.Tensor | None) -> None:
     if r is not None:
-        raise ValueError("MeanFlow (an interval start r) needs a network that takes r; SD3 and FLUX do not")
+        raise ValueError(
+            "MeanFlow (an interval start r) needs a network that takes r; SD3, FLUX and Wan do not"
+        )
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

@@ -4,16 +4,16 @@ As diffusers tests its own pipelines: every component (transformer, VAE,
 text encoders, tokenizers) is built from a small config with seeded random
 weights, nothing comes from a hub. They prove the SD3 and FLUX code paths
 (prompt encoding, packing, LoRA, saving, ``load_lora_weights``) where no real
-checkpoint can be downloaded; they generate noise-like images.
+checkpoint can be downloaded; they generate noise-like images (and videos).
 
 Tokenizers: the CLIP tokenizer is rebuilt from open_clip's bundled BPE file
 (the same vocabulary and merges as OpenAI CLIP's, so ids equal the real
-tokenizer's); the T5 stand-in is a word-level ``tokenizers`` model over the
-shapes grammar's words (unknown words map to ``<unk>``), ending each
-sequence with ``</s>`` as T5 does.
+tokenizer's); the T5 (and Wan's UMT5) stand-in is a word-level ``tokenizers``
+model over the shapes grammar's words (unknown words map to ``<unk>``), ending
+each sequence with ``</s>`` as T5 does.
 
-``python -m flowrl.models.tiny sd3 DIR`` writes a tiny pipeline directory that
-``model.name`` can point at.
+``python -m flowrl.models.tiny sd3 DIR`` (or ``flux``, ``wan``) writes a tiny
+pipeline directory that ``model.name`` can point at.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import torch
 
 from flowrl.shapes.grammar import vocabulary
 
+#: the tiny image pipelines (scripts/bench_models.py trains each with an image reward)
 KINDS = ("sd3", "flux")
+VIDEO_KINDS = ("wan",)
 CLIP_MAX_LENGTH = 77
 
 
@@ -106,6 +108,24 @@ def _t5_encoder(d_model: int = 32):
         eos_token_id=1,
     )
     return T5EncoderModel(config)
+
+
+def _umt5_encoder(d_model: int = 32):
+    """Wan's text encoder class (UMT5) at T5 stand-in size, over the word tokenizer's vocabulary."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(
+        vocab_size=len(vocabulary()) + 3,
+        d_model=d_model,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return UMT5EncoderModel(config)
 
 
 def _vae(latent_channels: int):
@@ -195,11 +215,48 @@ def tiny_flux_pipeline(seed: int = 0):
     )
 
 
+def tiny_wan_pipeline(seed: int = 0):
+    """A random-weight Wan 2.1 ``WanPipeline`` (UMT5, a 2-block video DiT, the causal video VAE with Wan's
+    8x spatial and 4x temporal downsampling) and the UniPC flow scheduler with shift 3.0 as Wan 2.1 ships it;
+    32x32 videos of ``4k+1`` frames."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=16,
+        out_channels=16,
+        text_dim=32,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    vae = AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+    )
+    return WanPipeline(
+        tokenizer=word_tokenizer(),
+        text_encoder=_umt5_encoder(),
+        vae=vae,
+        scheduler=scheduler,
+        transformer=transformer,
+    )
+
+
 def tiny_pipeline(kind: str, seed: int = 0):
-    """The tiny pipeline of ``kind`` (``sd3`` or ``flux``)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown tiny model kind {kind!r}; allowed: {list(KINDS)}")
-    return tiny_sd3_pipeline(seed) if kind == "sd3" else tiny_flux_pipeline(seed)
+    """The tiny pipeline of ``kind`` (``sd3``, ``flux`` or ``wan``)."""
+    builders = {"sd3": tiny_sd3_pipeline, "flux": tiny_flux_pipeline, "wan": tiny_wan_pipeline}
+    if kind not in builders:
+        raise ValueError(f"unknown tiny model kind {kind!r}; allowed: {list(builders)}")
+    return builders[kind](seed)
 
 
 def save_tiny_pipeline(kind: str, directory: str | Path, seed: int = 0) -> Path:
@@ -211,7 +268,7 @@ def save_tiny_pipeline(kind: str, directory: str | Path, seed: int = 0) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write a tiny random-weight diffusers pipeline directory.")
-    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("kind", choices=(*KINDS, *VIDEO_KINDS))
     parser.add_argument("directory")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
