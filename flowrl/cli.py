@@ -18,8 +18,8 @@ from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.grid import save_grid
 from flowrl.models import load_shapes_model
-from flowrl.shapes.grammar import shipped_prompts
 from flowrl.shapes.pretrain import PretrainConfig, pretrain
+from flowrl.worlds import get_world
 from rewards import build_reward, describe_rewards
 
 
@@ -36,20 +36,20 @@ def _sample(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     model = load_shapes_model(args.model)
-    records = shipped_prompts("test")
+    world = get_world("video_shapes" if model.is_video else "shapes")
+    records = world.prompts("test")
+    overall = world.score_key("overall")
     summary = {}
     for scale in args.cfg:
         name = "eval_cfg_free" if scale == 1.0 else f"eval_cfg_{scale:g}"
-        scores, images, items, rewards = evaluate(
-            partial(generate, model), records, args.images_per_task, args.steps, scale, args.seed
+        scores, media, items, rewards = evaluate(
+            partial(generate, model), records, args.images_per_task, args.steps, scale, args.seed, world
         )
-        json_path, grid_path = write_evaluation(args.out, name, scores, images, items, rewards)
+        json_path, grid_path = write_evaluation(args.out, name, scores, media, items, rewards, world=world)
         summary[name] = scores
-        print(
-            f"guidance {scale:g}: geneval/overall {scores['geneval/overall']:.3f}  ({json_path}, {grid_path})"
-        )
+        print(f"guidance {scale:g}: {overall} {scores[overall]:.3f}  ({json_path}, {grid_path})")
         for key, value in scores.items():
-            if key.startswith("geneval/") and key != "geneval/overall":
+            if key.startswith(f"{world.score_prefix}/") and key != overall:
                 print(f"    {key:<26} {value:.3f}")
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 

@@ -39,20 +39,23 @@ class ModelConfig:
     """The policy backend and its model (one flat section; each key says which backends read it).
 
     ``shapes``: a shipped shapes model name (``shapes-base``) or a saved
-    ShapesDiT directory, fully fine-tuned. ``sd3`` (SD3/SD3.5) and ``flux``
-    (FLUX.1): a diffusers ``from_pretrained`` id (read from the local HF cache
-    when offline) or pipeline directory, trained through peft LoRA adapters
-    (``lora_rank: 0`` = full fine-tuning of the transformer).
+    ShapesDiT directory, fully fine-tuned. ``sd3`` (SD3/SD3.5), ``flux``
+    (FLUX.1) and ``wan`` (Wan 2.1 text-to-video): a diffusers
+    ``from_pretrained`` id (read from the local HF cache when offline) or
+    pipeline directory, trained through peft LoRA adapters (``lora_rank: 0``
+    = full fine-tuning of the transformer).
     """
 
     name: str = "shapes-base"
-    backend: str = field(default="shapes", metadata=_choice("shapes", "sd3", "flux"))
-    #: the frozen weights' dtype (sd3, flux); trainable LoRA weights stay float32
+    backend: str = field(default="shapes", metadata=_choice("shapes", "sd3", "flux", "wan"))
+    #: the frozen weights' dtype (sd3, flux, wan); trainable LoRA weights stay float32
     dtype: str = field(default="float32", metadata=_choice("float32", "bfloat16", "float16"))
-    # --- sd3, flux
+    # --- sd3, flux, wan
     height: int = field(default=512, metadata=_at_least(16))
     width: int = field(default=512, metadata=_at_least(16))
-    #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX)
+    #: wan: frames per clip, 4k+1 (the VAE folds 4 frames into a latent after the first; 1 = single frames)
+    num_frames: int = field(default=81, metadata=_at_least(1))
+    #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX and Wan)
     max_sequence_length: int | None = field(default=None, metadata=_at_least(1))
     #: FLUX.1-dev's embedded guidance value (models without a guidance input ignore it)
     guidance: float = field(default=3.5, metadata=_at_least(0.0))
@@ -67,6 +70,14 @@ class ModelConfig:
     compile: bool = False
     #: keep the text encoders on the CPU between prompt encodings
     offload_text_encoders: bool = True
+
+    def __post_init__(self) -> None:
+        """Reject a frame count the Wan VAE cannot encode (it needs 4k+1 frames)."""
+        if self.num_frames < 1 or (self.num_frames - 1) % 4:
+            raise ConfigError(
+                f"model.num_frames={self.num_frames} is not allowed; it must be 4k+1 "
+                "(1, 5, 9, ..., 33, ..., 81; 1 = single-frame mode)"
+            )
 
 
 @dataclass
@@ -192,7 +203,8 @@ class TrainingConfig:
 
 @dataclass
 class DataConfig:
-    """Training prompts: ``shapes-train`` (the shipped split) or a ``.jsonl``/``.txt`` file.
+    """Training prompts: ``shapes-train`` or ``video-shapes-train`` (the shipped splits of the shapes
+    and moving-shapes worlds) or a ``.jsonl``/``.txt`` file.
 
     ``sampling``: "uniform" draws every prompt equally often; "balanced" gives
     every ``tag`` (task) the same share of draws, as a per-task average score
@@ -218,7 +230,14 @@ class LoggingConfig:
 
 @dataclass
 class EvaluationConfig:
-    """Held-out GenEval-style evaluation (shapes backend): before training, every ``every`` steps, at the end."""
+    """Held-out GenEval-style evaluation (shapes models): before training, every ``every`` steps, at the end.
+
+    ``world``: ``shapes`` (images) or ``video_shapes`` (clips) — whose test
+    prompts and verifier judge the model; None = the world of ``data.prompts``
+    (``shapes`` for a prompt file).
+    """
+
+    world: str | None = field(default=None, metadata=_choice(None, "shapes", "video_shapes"))
 
     every: int = field(default=0, metadata=_at_least(0))
     images_per_task: int = field(default=64, metadata=_at_least(1))
@@ -241,6 +260,13 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     resume: str | None = None
+
+    @property
+    def evaluation_world(self) -> str:
+        """The world evaluation uses: ``evaluation.world``, else the one of ``data.prompts``, else shapes."""
+        if self.evaluation.world is not None:
+            return self.evaluation.world
+        return "video_shapes" if self.data.prompts == "video-shapes-train" else "shapes"
 
     @property
     def images_per_step(self) -> int:
@@ -418,11 +444,18 @@ def _check_cross_fields(config: TrainConfig) -> None:
                 f"evaluation guidance scale {scale} is not allowed; it must be >= 1 (1 = no CFG)"
             )
     prompts = config.data.prompts
-    if prompts != "shapes-train" and not (
+    shipped = ("shapes-train", "video-shapes-train")
+    if prompts not in shipped and not (
         Path(prompts).suffix in (".jsonl", ".txt") and Path(prompts).is_file()
     ):
         raise ConfigError(
-            f"data.prompts={prompts!r} is not allowed; use 'shapes-train' or an existing .jsonl/.txt file"
+            f"data.prompts={prompts!r} is not allowed; use one of {list(shipped)} or an existing .jsonl/.txt file"
+        )
+    implied = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}.get(prompts)
+    if implied and config.evaluation.world not in (None, implied):
+        raise ConfigError(
+            f"evaluation.world={config.evaluation.world!r} does not match data.prompts={prompts!r} "
+            f"(prompts of the {implied!r} world); set evaluation.world={implied} or leave it unset"
         )
     _check_model(config.model)
     _check_grpo(config)

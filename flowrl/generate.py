@@ -1,4 +1,4 @@
-"""Text-to-image generation with a shapes-world model through ``samplers/``.
+"""Text-to-image (and text-to-clip) generation with a shapes-world model through ``samplers/``.
 
 Pixels: the model works on ``x = 2 image - 1``; images are returned in [0, 1].
 Noise: image ``i`` starts from ``randn`` seeded with ``seeds[i]``, so a given
@@ -44,7 +44,8 @@ def generate(
     batch_size: int = 128,
     solver: str = "euler",
 ) -> torch.Tensor:
-    """Images ``[B, 3, H, W]`` in [0, 1] for prompts and seeds, optional CFG (1.0 = off).
+    """Images ``[B, 3, H, W]`` (clips ``[B, T, 3, H, W]`` from a video model) in [0, 1] for prompts and
+    seeds, optional CFG (1.0 = off).
 
     ``solver`` names one of ``samplers.ODE_SOLVERS`` (``euler``, ``heun``, ``dpm2m``); a MeanFlow model
     always takes ``num_steps`` average-velocity steps (``x_r = x_t - (t - r) u``) instead.
@@ -54,7 +55,7 @@ def generate(
     if solver not in ODE_SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; allowed: {sorted(ODE_SOLVERS)}")
     config = model.config
-    shape = (config.channels, config.image_size, config.image_size)
+    shape = model.sample_shape
     schedule = timesteps(num_steps, shift=time_shift)
     device = next(model.parameters()).device
     outputs = []

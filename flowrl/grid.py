@@ -1,4 +1,4 @@
-"""Captioned image grids (PNG) for samples and evaluations."""
+"""Captioned grids of samples: a PNG for images, an animated GIF (one grid per frame) for clips."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+
+#: milliseconds per frame of an animated grid
+FRAME_MILLISECONDS = 250
 
 
 def image_grid(
@@ -45,11 +48,31 @@ def image_grid(
     return sheet
 
 
+def video_grid_frames(
+    videos: torch.Tensor, captions: Sequence[str] | None = None, columns: int = 8
+) -> list[Image.Image]:
+    """One :func:`image_grid` per frame of ``[B, T, 3, H, W]`` clips in [0, 1]: the frames of an animated grid."""
+    return [image_grid(videos[:, frame], captions, columns) for frame in range(videos.shape[1])]
+
+
 def save_grid(
-    path: str | Path, images: torch.Tensor, captions: Sequence[str] | None = None, columns: int = 8
+    path: str | Path, media: torch.Tensor, captions: Sequence[str] | None = None, columns: int = 8
 ) -> Path:
-    """Write :func:`image_grid` to ``path`` (PNG) and return the path."""
+    """Write a captioned grid of images ``[B, 3, H, W]`` (PNG at ``path``) or clips ``[B, T, 3, H, W]``
+    (a looping animated GIF at ``path`` with the suffix ``.gif``, written with Pillow); return the path.
+
+    Pillow stores consecutive identical frames of a GIF once with their durations summed, so a still
+    clip plays for the same time but reads back with fewer frames."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    image_grid(images, captions, columns).save(path)
+    if media.ndim == 4:
+        image_grid(media, captions, columns).save(path)
+        return path
+    if media.ndim != 5:
+        raise ValueError(
+            f"a grid takes images [B, 3, H, W] or clips [B, T, 3, H, W], got {tuple(media.shape)}"
+        )
+    path = path.with_suffix(".gif")
+    first, *rest = video_grid_frames(media, captions, columns)
+    first.save(path, save_all=True, append_images=rest, duration=FRAME_MILLISECONDS, loop=0)
     return path

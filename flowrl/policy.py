@@ -36,7 +36,7 @@ class ShapesPolicy:
         self.reference = _frozen_copy(base)
         self.ema_decay = ema_decay
         self.ema = _frozen_copy(base) if ema_decay > 0 else None
-        self.sample_shape = (base.config.channels, base.config.image_size, base.config.image_size)
+        self.sample_shape = base.sample_shape
 
     #: the shapes world is trained and sampled on the unshifted grid
     time_shift = 1.0

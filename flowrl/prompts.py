@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from flowrl.shapes.grammar import PromptRecord, shipped_prompts
+from flowrl.worlds import SHIPPED_TRAIN_PROMPTS, PromptRecord
 
 
 def load_prompts(spec: str) -> list[PromptRecord]:
-    """``shapes-train`` (shipped split), a ``.jsonl`` of records with a ``prompt``, or a ``.txt`` (one per line)."""
-    if spec == "shapes-train":
-        return shipped_prompts("train")
+    """A world's shipped training split (``shapes-train``, ``video-shapes-train``), a ``.jsonl`` of records
+    with a ``prompt``, or a ``.txt`` (one per line)."""
+    if spec in SHIPPED_TRAIN_PROMPTS:
+        return SHIPPED_TRAIN_PROMPTS[spec].prompts("train")
     path = Path(spec)
     if path.suffix == ".jsonl":
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -33,7 +34,9 @@ def load_prompts(spec: str) -> list[PromptRecord]:
         return records
     if path.suffix == ".txt":
         return [{"prompt": line.strip()} for line in path.read_text().splitlines() if line.strip()]
-    raise ValueError(f"prompt file {spec!r} is not allowed; use 'shapes-train', a .jsonl or a .txt file")
+    raise ValueError(
+        f"prompt file {spec!r} is not allowed; use one of {sorted(SHIPPED_TRAIN_PROMPTS)}, a .jsonl or a .txt file"
+    )
 
 
 @dataclass(frozen=True)

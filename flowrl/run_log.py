@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image, ImageSequence
 
 from flowrl.grid import save_grid
 
@@ -53,7 +55,10 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "
 
     path = Path(path)
     train = [row for row in rows if "reward/mean" in row]
-    evals = [row for row in rows if "eval/geneval/overall" in row]
+    prefix = next(
+        (key.removesuffix("/overall") for row in rows for key in row if key.endswith("/overall")), ""
+    )
+    evals = [row for row in rows if f"{prefix}/overall" in row]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4))
     steps = [row["step"] for row in train]
     rewards = [row["reward/mean"] for row in train]
@@ -65,16 +70,14 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "
     axes[1].set(xlabel="wall-clock seconds", ylabel="training reward (smoothed)", title="reward vs time")
     if evals:
         axes[2].plot(
-            [r["step"] for r in evals], [r["eval/geneval/overall"] for r in evals], "o-", label="overall"
+            [r["step"] for r in evals], [r[f"{prefix}/overall"] for r in evals], "o-", label="overall"
         )
-        tasks = sorted(
-            key.removeprefix("eval/geneval/") for key in evals[-1] if key.startswith("eval/geneval/")
-        )
+        tasks = sorted(key.removeprefix(f"{prefix}/") for key in evals[-1] if key.startswith(f"{prefix}/"))
         for task in tasks:
             if task != "overall":
                 axes[2].plot(
                     [r["step"] for r in evals],
-                    [r[f"eval/geneval/{task}"] for r in evals],
+                    [r[f"{prefix}/{task}"] for r in evals],
                     alpha=0.5,
                     label=task,
                 )
@@ -102,6 +105,27 @@ def _smooth(values: Sequence[float], window: int = 10) -> list[float]:
 def save_sample_grid(
     path: str | Path, images: torch.Tensor, prompts: Sequence[str], rewards: torch.Tensor, columns: int = 8
 ) -> Path:
-    """A grid of training samples captioned with their prompt and reward."""
+    """A grid of training samples captioned with their prompt and reward (an animated GIF for clips)."""
     captions = [f"{prompt} | r={reward:.2f}" for prompt, reward in zip(prompts, rewards.tolist())]
     return save_grid(path, images, captions, columns)
+
+
+def log_grid_to_trackers(accelerator: Any, name: str, path: Path, step: int) -> None:
+    """Send a saved grid to the run's trackers: wandb gets the image, or the animated GIF as a video;
+    TensorBoard gets the image, or for a GIF its frames side by side (TensorBoard's own video panel
+    needs moviepy, which flowrl does not install)."""
+    for tracker in accelerator.trackers:
+        if tracker.name == "wandb":
+            import wandb
+
+            media = wandb.Video(str(path), format="gif") if path.suffix == ".gif" else wandb.Image(str(path))
+            tracker.log({name: media}, step=step)
+        elif tracker.name == "tensorboard":
+            tracker.writer.add_image(name, grid_pixels(path), step, dataformats="HWC")
+
+
+def grid_pixels(path: Path) -> np.ndarray:
+    """The ``[H, W, 3]`` uint8 pixels of a saved grid; an animated grid's frames side by side."""
+    with Image.open(path) as image:
+        frames = [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
+    return np.concatenate(frames, axis=1)

@@ -46,8 +46,8 @@ from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, wri
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
-from flowrl.run_log import MetricsLog, plot_curves, save_sample_grid
-from flowrl.shapes.grammar import TASKS, shipped_prompts
+from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
+from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward
 from samplers import guided_velocity, select_rows, timesteps
 
@@ -165,6 +165,7 @@ class Trainer:
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
+        self.world = get_world(config.evaluation_world)
 
         torch.manual_seed(config.training.seed)
         self.policy = build_policy(
@@ -236,15 +237,17 @@ class Trainer:
     # --- evaluation ----------------------------------------------------------------------------------
 
     def evaluate(self, model: str, guidance_scale: float, name: str) -> dict[str, Any]:
-        """Held-out GenEval-style scores of the ``tuned`` or ``base`` model (main process), under ``eval/``."""
-        scores, images, items, rewards = evaluate(
+        """Held-out GenEval-style scores of the ``tuned`` or ``base`` model on the world's test prompts
+        (main process)."""
+        scores, media, items, rewards = evaluate(
             partial(self.policy.generate, model=model),
-            shipped_prompts("test"),
+            self.world.prompts("test"),
             self.config.evaluation.images_per_task,
             self.config.evaluation.num_steps,
             guidance_scale,
+            world=self.world,
         )
-        write_evaluation(self.output_dir / "eval", name, scores, images, items, rewards)
+        write_evaluation(self.output_dir / "eval", name, scores, media, items, rewards, world=self.world)
         return scores
 
     # --- one step ------------------------------------------------------------------------------------
@@ -389,12 +392,13 @@ class Trainer:
             and self.step % config.logging.sample_every == 0
         ):
             shown = min(16, len(local.records))
-            save_sample_grid(
+            grid_path = save_sample_grid(
                 self.output_dir / "samples" / f"step_{self.step:06d}.png",
                 policy.decode(torch.cat([chunk.x0 for chunk in chunks])[:shown]).cpu(),
                 [r["prompt"] for r in local.records[:shown]],
                 self.reward.total(scores)[:shown],
             )
+            log_grid_to_trackers(acc, "samples", grid_path, self.step)
         return row
 
     # --- the loop ------------------------------------------------------------------------------------
@@ -417,7 +421,7 @@ class Trainer:
                     base_scores[f"{scale:g}"] = self.evaluate("base", scale, f"base_cfg{scale:g}")
                 summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
                 if "1" in base_scores and log is not None:  # the base, CFG-free, as step 0 of the eval curve
-                    base_row = eval_row(base_scores["1"])
+                    base_row = eval_row(base_scores["1"], self.world)
                     log.append({"step": 0, "time/elapsed": 0.0, **base_row})
             else:
                 base_scores = json.loads(summary_path.read_text())["base"]
@@ -442,11 +446,11 @@ class Trainer:
                 ):
                     if acc.is_main_process:
                         scores = self.evaluate("tuned", 1.0, f"step_{self.step:06d}_cfg1")
-                        row.update(eval_row(scores))
+                        row.update(eval_row(scores, self.world))
                     acc.wait_for_everyone()
                 if log is not None:
                     log.append(row)
-                    if self.step % CURVES_EVERY == 0 or "eval/geneval/overall" in row:
+                    if self.step % CURVES_EVERY == 0 or f"eval/{self.world.score_key('overall')}" in row:
                         plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
                 acc.log(row, step=self.step)
                 progress.set_postfix(reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}")
@@ -468,7 +472,7 @@ class Trainer:
                 f"{scale:g}": self.evaluate("tuned", scale, f"tuned_cfg{scale:g}")
                 for scale in self.config.evaluation.guidance_scales
             }
-            final = eval_row(tuned["1"]) if "1" in tuned else {}
+            final = eval_row(tuned["1"], self.world) if "1" in tuned else {}
             if log is not None and log.rows and final:
                 log.rows[-1].update(final)
                 log._rewrite()
@@ -481,7 +485,7 @@ class Trainer:
             }
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             if base_scores or tuned:
-                print(summary_table(base_scores, tuned))
+                print(summary_table(base_scores, tuned, self.world))
                 print(f"eval grids:  {self.output_dir / 'eval'}")
             print(f"tuned model: {self.output_dir / 'model'}")
             print(f"curves:      {self.output_dir / 'curves.png'}")
@@ -490,18 +494,18 @@ class Trainer:
         return summary
 
 
-def eval_row(scores: dict[str, Any]) -> dict[str, float]:
-    """The evaluation scores that go into ``metrics.jsonl`` (GenEval tasks and drift), keyed ``eval/...``."""
-    return {f"eval/{k}": v for k, v in scores.items() if k.startswith(("geneval/", "drift/"))}
+def eval_row(scores: dict[str, Any], world: World) -> dict[str, float]:
+    """The evaluation scores that go into ``metrics.jsonl`` (the world's task scores and drift), keyed ``eval/...``."""
+    return {f"eval/{k}": v for k, v in scores.items() if k.startswith((f"{world.score_prefix}/", "drift/"))}
 
 
-def summary_table(base: dict[str, Any], tuned: dict[str, Any]) -> str:
+def summary_table(base: dict[str, Any], tuned: dict[str, Any], world: World) -> str:
     """Per-task held-out scores: base at each guidance scale, tuned at each."""
     columns = [(f"base cfg {scale}", scores) for scale, scores in base.items()]
     columns += [(f"tuned cfg {scale}", scores) for scale, scores in tuned.items()]
     lines = [f"{'task':<16}" + "".join(f"{name:>14}" for name, _ in columns)]
-    for task in (*TASKS, "overall"):
-        key = f"geneval/{task}"
+    for task in (*world.tasks, "overall"):
+        key = world.score_key(task)
         lines.append(
             f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns)
         )

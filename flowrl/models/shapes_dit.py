@@ -29,6 +29,12 @@ added to the time embedding. Its last layer starts at zero, so a MeanFlow
 model made from a flow model (:meth:`ShapesDiT.as_mean_flow`) starts as
 ``u(x, r, t) = v(x, t)``. With ``"sample"`` prediction the head is the
 endpoint estimate ``x_t - t u``.
+
+Video variant (``ShapesDiTConfig.num_frames > 1``): ``x`` is a clip
+``[B, T, 3, H, W]``; a token is a tubelet of ``frame_patch`` frames of one
+``patch_size``-square patch, position = learned 2-D patch embedding + learned
+frame-group embedding, and attention runs over all tokens of the clip (space
+and time jointly). :meth:`ShapesDiT.as_video` makes one from an image model.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class ShapesDiTConfig:
     prediction: str = "velocity"  #: "velocity" or "sample" (see module docstring)
     min_time: float = 0.05  #: t_min of the "sample" parametrisation
     mean_flow: bool = False  #: predict the average velocity u(x, r, t) (a MeanFlow model)
+    num_frames: int = 1  #: frames per sample: 1 = an image model, more = a video model over clips
+    frame_patch: int = 1  #: frames per token (tubelet depth) of a video model
 
 
 PREDICTIONS = ("velocity", "sample")
@@ -182,13 +190,22 @@ class ShapesDiT(nn.Module):
             )
         if config.prediction not in PREDICTIONS:
             raise ValueError(f"unknown prediction {config.prediction!r}; allowed: {PREDICTIONS}")
+        if config.num_frames < 1 or config.frame_patch < 1 or config.num_frames % config.frame_patch:
+            raise ValueError(
+                f"num_frames={config.num_frames} must be a positive multiple of frame_patch={config.frame_patch}"
+            )
         self.config = config
         self.tokenizer = ShapesTokenizer(config.vocabulary, config.max_prompt_tokens)
         hidden, patch = config.hidden_size, config.patch_size
         grid = config.image_size // patch
         self.text_encoder = TextEncoder(self.tokenizer.size, config)
-        self.patch_embed = nn.Linear(config.channels * patch * patch, hidden)
+        self.patch_embed = nn.Linear(config.frame_patch * config.channels * patch * patch, hidden)
         self.position_embedding = nn.Parameter(torch.zeros(1, grid * grid, hidden))
+        self.frame_embedding = (
+            nn.Parameter(torch.zeros(1, config.num_frames // config.frame_patch, 1, hidden))
+            if self.is_video
+            else None
+        )
         self.time_mlp = nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         self.interval_mlp = (
             nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
@@ -202,14 +219,61 @@ class ShapesDiT(nn.Module):
         )
         self.final_norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.final_modulation = nn.Linear(hidden, 2 * hidden)
-        self.final_linear = nn.Linear(hidden, config.channels * patch * patch)
+        self.final_linear = nn.Linear(hidden, config.frame_patch * config.channels * patch * patch)
         nn.init.normal_(self.position_embedding, std=0.02)
+        if self.frame_embedding is not None:
+            nn.init.normal_(self.frame_embedding, std=0.02)
         zero_initialised = [self.final_modulation, self.final_linear]
         if self.interval_mlp is not None:
             zero_initialised.append(self.interval_mlp[-1])
         for module in zero_initialised:
             nn.init.zeros_(module.weight)
             nn.init.zeros_(module.bias)
+
+    @property
+    def is_video(self) -> bool:
+        return self.config.num_frames > 1
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape: ``(3, H, W)``, or ``(T, 3, H, W)`` for a video model."""
+        frame = (self.config.channels, self.config.image_size, self.config.image_size)
+        return (self.config.num_frames, *frame) if self.is_video else frame
+
+    def as_video(self, vocabulary: Sequence[str], num_frames: int, frame_patch: int = 1) -> ShapesDiT:
+        """A video model initialised from this image model, over the word list ``vocabulary``.
+
+        Shared words keep their embeddings (new words get fresh ones), every
+        other weight is copied, the patch embedding of a tubelet is the mean of
+        its frames' image embeddings (``W_video = [W, ..., W] / frame_patch``),
+        every frame of a tubelet starts with the image head (``[W; ...; W]``),
+        and the frame embedding starts at zero: at first each frame is denoised
+        as the image model would, and motion is what video training adds.
+        """
+        if self.is_video:
+            raise ValueError("this model is already a video model")
+        config = ShapesDiTConfig(
+            **{
+                **asdict(self.config),
+                "vocabulary": list(vocabulary),
+                "num_frames": num_frames,
+                "frame_patch": frame_patch,
+            }
+        )
+        video = ShapesDiT(config)
+        state = self.state_dict()
+        old_rows = state["text_encoder.token_embedding.weight"]
+        new_rows = video.text_encoder.token_embedding.weight.detach().clone()
+        new_rows[:2] = old_rows[:2]  # padding and begin
+        for word in set(config.vocabulary) & set(self.config.vocabulary):
+            new_rows[video.tokenizer.token_id(word)] = old_rows[self.tokenizer.token_id(word)]
+        state["text_encoder.token_embedding.weight"] = new_rows
+        state["patch_embed.weight"] = state["patch_embed.weight"].repeat(1, frame_patch) / frame_patch
+        state["final_linear.weight"] = state["final_linear.weight"].repeat(frame_patch, 1)
+        state["final_linear.bias"] = state["final_linear.bias"].repeat(frame_patch)
+        state["frame_embedding"] = torch.zeros_like(video.frame_embedding)
+        video.load_state_dict(state)
+        return video.to(self.position_embedding.device)
 
     def as_mean_flow(self) -> ShapesDiT:
         """A MeanFlow copy of this flow model: the same weights plus a zero interval embedding, so that
@@ -228,17 +292,23 @@ class ShapesDiT(nn.Module):
         return ids.to(device), mask.to(device)
 
     def _patchify(self, x: torch.Tensor) -> torch.Tensor:
-        batch, channels, height, width = x.shape
-        p = self.config.patch_size
-        x = x.view(batch, channels, height // p, p, width // p, p)
-        return x.permute(0, 2, 4, 1, 3, 5).reshape(batch, (height // p) * (width // p), channels * p * p)
+        """``[B, (T,) C, H, W]`` to tokens ``[B, (T / f) (H / p) (W / p), f C p p]`` (f = frame_patch)."""
+        if not self.is_video:
+            x = x[:, None]
+        batch, frames, channels, height, width = x.shape
+        p, f = self.config.patch_size, self.config.frame_patch
+        x = x.reshape(batch, frames // f, f, channels, height // p, p, width // p, p)
+        x = x.permute(0, 1, 4, 6, 2, 3, 5, 7)
+        return x.reshape(batch, (frames // f) * (height // p) * (width // p), f * channels * p * p)
 
     def _unpatchify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`_patchify`."""
         batch = tokens.shape[0]
-        p, channels = self.config.patch_size, self.config.channels
-        grid = self.config.image_size // p
-        x = tokens.view(batch, grid, grid, channels, p, p).permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(batch, channels, grid * p, grid * p)
+        p, f, channels = self.config.patch_size, self.config.frame_patch, self.config.channels
+        grid, groups = self.config.image_size // p, self.config.num_frames // f
+        x = tokens.view(batch, groups, grid, grid, f, channels, p, p).permute(0, 1, 4, 5, 2, 6, 3, 7)
+        x = x.reshape(batch, groups * f, channels, grid * p, grid * p)
+        return x if self.is_video else x[:, 0]
 
     def forward(
         self,
@@ -248,7 +318,8 @@ class ShapesDiT(nn.Module):
         mask: torch.Tensor,
         r: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Velocity at ``x`` ``[B, 3, H, W]`` and time ``t`` ``[B]`` (or scalar) for prompt tokens ``ids, mask``;
+        """Velocity at ``x`` ``[B, 3, H, W]`` (a clip ``[B, T, 3, H, W]`` for a video model) and time ``t``
+        ``[B]`` (or scalar) for prompt tokens ``ids, mask``;
         a MeanFlow model returns the average velocity over ``[r, t]`` (``r = t`` when not given: ``v``)."""
         if t.ndim == 0:
             t = t.expand(x.shape[0])
@@ -260,14 +331,17 @@ class ShapesDiT(nn.Module):
             interval = t - (t if r is None else r.expand(x.shape[0]) if r.ndim == 0 else r)
             embedded_time = embedded_time + self.interval_mlp(timestep_embedding(interval, 256).to(x.dtype))
         condition = F.silu(embedded_time + self.text_to_condition(pooled))
-        tokens = self.patch_embed(self._patchify(x)) + self.position_embedding
+        position = self.position_embedding
+        if self.frame_embedding is not None:
+            position = (position[:, None] + self.frame_embedding).flatten(1, 2)
+        tokens = self.patch_embed(self._patchify(x)) + position
         for block in self.blocks:
             tokens = block(tokens, condition, text, mask)
         shift, scale = self.final_modulation(condition).chunk(2, -1)
         head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
         if self.config.prediction == "velocity":
             return head
-        denominator = t.to(x.dtype).clamp(min=self.config.min_time)[:, None, None, None]
+        denominator = t.to(x.dtype).clamp(min=self.config.min_time).view(-1, *[1] * (x.ndim - 1))
         return (x - head) / denominator
 
     def save_pretrained(self, directory: str | Path) -> None:

@@ -23,6 +23,12 @@ the model, and without it a few large-derivative samples make training diverge.
 which at ``r = t`` is flow matching. ``init_from`` starts from a trained
 flow model (its MeanFlow copy starts as ``u = v``), far cheaper than from scratch.
 
+``world="video_shapes"`` trains a video model on rendered moving-shapes clips
+``[B, T, 3, H, W]`` (:mod:`flowrl.video_shapes`) with the same flow-matching
+loss; from an image model (``init_from``) it starts as
+:meth:`ShapesDiT.as_video` of it, so shapes and colours are already known and
+pretraining teaches motion.
+
 AdamW with linear warm-up then cosine decay; an exponential moving average of
 the weights is what gets saved. Everything random derives from one seed, so a
 run is reproducible on the same machine and thread count.
@@ -43,8 +49,10 @@ from tqdm.auto import tqdm
 from flowrl.generate import images_to_model_space
 from flowrl.models import load_shapes_model
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
-from flowrl.shapes.grammar import sample_prompt, vocabulary
+from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.render import render_prompt
+from flowrl.video_shapes import grammar as video_grammar
+from flowrl.video_shapes.render import render_clip
 from samplers import induced_velocity
 
 
@@ -77,10 +85,14 @@ class PretrainConfig:
     meanflow_equal_share: float = 0.5  #: meanflow: share of samples with r = t (plain flow matching)
     meanflow_zero_share: float = 0.25  #: meanflow: share of samples with r = 0 (one-step jumps)
     meanflow_adaptive_p: float = 1.0  #: meanflow: power p of the adaptive loss weight (0 = plain MSE)
+    world: str = "shapes"  #: "shapes" (images) or "video_shapes" (moving-shapes clips)
+    num_frames: int = 8  #: video_shapes: frames per clip
+    frame_patch: int = 2  #: video_shapes: frames per token (tubelet depth)
 
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")
 OBJECTIVES = ("flow", "meanflow")
+WORLDS = ("shapes", "video_shapes")
 
 
 def sample_times(batch_size: int, config: PretrainConfig) -> torch.Tensor:
@@ -116,7 +128,8 @@ def meanflow_loss(
     adaptive_c: float = 1e-3,
 ) -> torch.Tensor:
     """The MeanFlow loss of the module docstring, ``du/dt`` along ``(v, 1)``; ``adaptive_p = 0``: plain MSE."""
-    x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+    column = t.view(-1, *[1] * (x0.ndim - 1))
+    x_t = (1 - column) * x0 + column * noise
     v = noise - x0
     induced, u = induced_velocity(lambda x, r_, t_, c: model(x, t_, *c, r=r_), x_t, r, t, cond, v, "jvp")
     target = (v - (induced - u)).detach()  # induced - u = (t - r) du/dt
@@ -136,13 +149,61 @@ def learning_rate_at(step: int, config: PretrainConfig) -> float:
 
 
 def training_batch(
-    rng: np.random.Generator, batch_size: int, condition_dropout: float
+    rng: np.random.Generator,
+    batch_size: int,
+    condition_dropout: float,
+    world: str = "shapes",
+    num_frames: int = 8,
 ) -> tuple[torch.Tensor, list[str]]:
-    """Rendered images in model space ``[B, 3, 32, 32]`` and their prompts (dropped ones are ``""``)."""
-    records = [sample_prompt(rng) for _ in range(batch_size)]
-    images = np.stack([render_prompt(record, rng) for record in records])
+    """Rendered samples in model space — images ``[B, 3, 32, 32]``, or clips ``[B, T, 3, 32, 32]`` for
+    ``world="video_shapes"`` — and their prompts (dropped ones are ``""``)."""
+    if world == "shapes":
+        records = [image_grammar.sample_prompt(rng) for _ in range(batch_size)]
+        media = np.stack([render_prompt(record, rng) for record in records])
+    else:
+        records = [video_grammar.sample_prompt(rng) for _ in range(batch_size)]
+        media = np.stack([render_clip(record, rng, num_frames) for record in records])
     prompts = [record["prompt"] if rng.random() >= condition_dropout else "" for record in records]
-    return images_to_model_space(torch.from_numpy(images).permute(0, 3, 1, 2)), prompts
+    return images_to_model_space(torch.from_numpy(media).movedim(-1, -3)), prompts
+
+
+def initial_model(config: PretrainConfig) -> ShapesDiT:
+    """The model pretraining starts from: ``init_from`` (made a MeanFlow or video model when the objective
+    or world needs one), else a fresh one of the config's size."""
+    meanflow, video = config.objective == "meanflow", config.world == "video_shapes"
+    if config.init_from:
+        model = load_shapes_model(config.init_from)
+        if model.is_video and not video:
+            raise ValueError(f"init_from={config.init_from!r} is a video model; world='shapes' trains images")
+        if model.is_video and (model.config.num_frames, model.config.frame_patch) != (
+            config.num_frames,
+            config.frame_patch,
+        ):
+            raise ValueError(
+                f"init_from={config.init_from!r} has num_frames={model.config.num_frames}, "
+                f"frame_patch={model.config.frame_patch}; this run asks for num_frames={config.num_frames}, "
+                f"frame_patch={config.frame_patch}"
+            )
+        if video and not model.is_video:
+            model = model.as_video(video_grammar.vocabulary(), config.num_frames, config.frame_patch)
+        if meanflow and not model.config.mean_flow:
+            model = model.as_mean_flow()
+        return model
+    return ShapesDiT(
+        ShapesDiTConfig(
+            vocabulary=(video_grammar if video else image_grammar).vocabulary(),
+            patch_size=config.patch_size,
+            hidden_size=config.hidden_size,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            text_hidden_size=config.text_hidden_size,
+            text_layers=config.text_layers,
+            prediction=config.prediction,
+            mean_flow=meanflow,
+            num_frames=config.num_frames if video else 1,
+            frame_patch=config.frame_patch if video else 1,
+        )
+    )
 
 
 def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
@@ -151,29 +212,13 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
         raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
     if config.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {config.objective!r}; allowed: {OBJECTIVES}")
+    if config.world not in WORLDS:
+        raise ValueError(f"unknown world {config.world!r}; allowed: {WORLDS}")
     output_dir = Path(output_dir)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     meanflow = config.objective == "meanflow"
-    if config.init_from:
-        model = load_shapes_model(config.init_from)
-        if meanflow and not model.config.mean_flow:
-            model = model.as_mean_flow()
-    else:
-        model = ShapesDiT(
-            ShapesDiTConfig(
-                vocabulary=vocabulary(),
-                patch_size=config.patch_size,
-                hidden_size=config.hidden_size,
-                depth=config.depth,
-                num_heads=config.num_heads,
-                text_hidden_size=config.text_hidden_size,
-                text_layers=config.text_layers,
-                prediction=config.prediction,
-                mean_flow=meanflow,
-            )
-        )
-    model.train()
+    model = initial_model(config).train()
     ema = ShapesDiT(model.config)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)
@@ -182,9 +227,11 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     )
     losses: list[float] = []
     start = time.time()
-    progress = tqdm(range(config.steps), desc="pretrain shapes", dynamic_ncols=True)
+    progress = tqdm(range(config.steps), desc=f"pretrain {config.world}", dynamic_ncols=True)
     for step in progress:
-        x0, prompts = training_batch(rng, config.batch_size, config.condition_dropout)
+        x0, prompts = training_batch(
+            rng, config.batch_size, config.condition_dropout, config.world, config.num_frames
+        )
         noise = torch.randn_like(x0)
         if meanflow:
             t, r = sample_intervals(config.batch_size, config)
@@ -193,7 +240,8 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
             )
         else:
             t = sample_times(config.batch_size, config)
-            x_t = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+            t_ = t.view(-1, *[1] * (x0.ndim - 1))
+            x_t = (1 - t_) * x0 + t_ * noise
             loss = (model(x_t, t, *model.encode_prompts(prompts)) - (noise - x0)).pow(2).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, config)

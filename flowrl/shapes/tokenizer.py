@@ -28,6 +28,10 @@ class ShapesTokenizer:
         """Number of ids, padding and begin token included."""
         return len(self.vocabulary) + 2
 
+    def token_id(self, word: str) -> int:
+        """The id of a vocabulary word."""
+        return self._ids[word]
+
     def words(self, prompt: str) -> list[str]:
         """The prompt's words: lower-cased, split on whitespace."""
         return prompt.lower().split()
