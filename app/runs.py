@@ -9,6 +9,7 @@ while it has none yet) or a checkpoint directory ``checkpoints/step_XXXXXX``.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,19 @@ def _modified(path: Path) -> float:
 
 
 def is_run(path: Path) -> bool:
-    """Whether ``path`` is a run directory with a tuned model or a checkpoint to load."""
-    return (path / "model" / CONFIG_NAME).is_file() or bool(list_checkpoints(path / "checkpoints"))
+    """Whether ``path`` is a run directory of an image model with a tuned model or a checkpoint to load
+    (the app shows images; runs of the video world are left out)."""
+    has_model = (path / "model" / CONFIG_NAME).is_file() or bool(list_checkpoints(path / "checkpoints"))
+    return has_model and not is_video_run(path)
+
+
+def is_video_run(path: Path) -> bool:
+    """Whether a run trained a video model: its saved model has ``num_frames > 1``, or it trained on the
+    video world's prompts."""
+    model_config = path / "model" / CONFIG_NAME
+    if model_config.is_file() and json.loads(model_config.read_text()).get("num_frames", 1) > 1:
+        return True
+    return run_config(path).get("data", {}).get("prompts") == "video-shapes-train"
 
 
 def find_runs(root: str | Path) -> list[Path]:

@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--out", default="outputs/samples.png")
     sample.set_defaults(run=_sample)
 
-    evaluation = commands.add_parser("eval", help="GenEval-style scores on the held-out shapes prompts")
+    evaluation = commands.add_parser(
+        "eval",
+        help="GenEval-style scores on the held-out prompts of the model's world (shapes images or moving-shapes clips)",
+    )
     evaluation.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
     evaluation.add_argument("--cfg", type=float, nargs="+", default=[1.0], help="guidance scales to evaluate")
     evaluation.add_argument("--images-per-task", type=int, default=64)

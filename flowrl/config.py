@@ -71,14 +71,6 @@ class ModelConfig:
     #: keep the text encoders on the CPU between prompt encodings
     offload_text_encoders: bool = True
 
-    def __post_init__(self) -> None:
-        """Reject a frame count the Wan VAE cannot encode (it needs 4k+1 frames)."""
-        if self.num_frames < 1 or (self.num_frames - 1) % 4:
-            raise ConfigError(
-                f"model.num_frames={self.num_frames} is not allowed; it must be 4k+1 "
-                "(1, 5, 9, ..., 33, ..., 81; 1 = single-frame mode)"
-            )
-
 
 @dataclass
 class SamplerConfig:
@@ -262,11 +254,12 @@ class TrainConfig:
     resume: str | None = None
 
     @property
-    def evaluation_world(self) -> str:
-        """The world evaluation uses: ``evaluation.world``, else the one of ``data.prompts``, else shapes."""
+    def evaluation_world(self) -> str | None:
+        """The world evaluation uses: ``evaluation.world``, else the one of shipped ``data.prompts``, else
+        None (the trainer then takes the model's: clips or images)."""
         if self.evaluation.world is not None:
             return self.evaluation.world
-        return "video_shapes" if self.data.prompts == "video-shapes-train" else "shapes"
+        return WORLD_OF_PROMPTS.get(self.data.prompts)
 
     @property
     def images_per_step(self) -> int:
@@ -294,6 +287,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: the shipped training prompts (``data.prompts``) and their world (:mod:`flowrl.worlds`)
+WORLD_OF_PROMPTS: dict[str, str] = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}
 
 
 class ConfigError(ValueError):
@@ -444,20 +441,28 @@ def _check_cross_fields(config: TrainConfig) -> None:
                 f"evaluation guidance scale {scale} is not allowed; it must be >= 1 (1 = no CFG)"
             )
     prompts = config.data.prompts
-    shipped = ("shapes-train", "video-shapes-train")
-    if prompts not in shipped and not (
+    if prompts not in WORLD_OF_PROMPTS and not (
         Path(prompts).suffix in (".jsonl", ".txt") and Path(prompts).is_file()
     ):
         raise ConfigError(
-            f"data.prompts={prompts!r} is not allowed; use one of {list(shipped)} or an existing .jsonl/.txt file"
+            f"data.prompts={prompts!r} is not allowed; use one of {list(WORLD_OF_PROMPTS)} or an existing "
+            ".jsonl/.txt file"
         )
-    implied = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}.get(prompts)
+    implied = WORLD_OF_PROMPTS.get(prompts)
     if implied and config.evaluation.world not in (None, implied):
         raise ConfigError(
             f"evaluation.world={config.evaluation.world!r} does not match data.prompts={prompts!r} "
             f"(prompts of the {implied!r} world); set evaluation.world={implied} or leave it unset"
         )
     _check_model(config.model)
+    if config.model.backend != "shapes" and (
+        config.evaluation.guidance_scales or config.evaluation.base_guidance_scales
+    ):
+        raise ConfigError(
+            f"evaluation.guidance_scales={config.evaluation.guidance_scales} and evaluation.base_guidance_scales="
+            f"{config.evaluation.base_guidance_scales}: the held-out evaluation renders a shapes world and runs "
+            f"on shapes models only; set both to [] for model.backend={config.model.backend!r}"
+        )
     _check_grpo(config)
     _check_crd(config)
     if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
@@ -481,6 +486,13 @@ def _check_model(model: ModelConfig) -> None:
             f"model.name='shapes-base' is not allowed for model.backend={model.backend!r}; give a diffusers "
             "pipeline id (e.g. stabilityai/stable-diffusion-3.5-medium) or directory"
         )
+    if model.backend == "wan":
+        from flowrl.models.wan import check_num_frames
+
+        try:
+            check_num_frames(model.num_frames)
+        except ValueError as error:
+            raise ConfigError(f"model.{error}") from error
     for key in ("height", "width"):
         if getattr(model, key) % 16:
             raise ConfigError(

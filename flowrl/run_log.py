@@ -46,8 +46,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
-    """Reward vs step, reward vs wall-clock seconds, and held-out eval scores vs step, in one PNG."""
+def plot_curves(
+    rows: Sequence[dict[str, Any]], path: str | Path, title: str = "", score_prefix: str = "geneval"
+) -> Path:
+    """Reward vs step, reward vs wall-clock seconds, and held-out eval scores vs step (``eval/<score_prefix>/*``,
+    ``geneval`` for images, ``videoeval`` for clips), in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,9 +58,7 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "
 
     path = Path(path)
     train = [row for row in rows if "reward/mean" in row]
-    prefix = next(
-        (key.removesuffix("/overall") for row in rows for key in row if key.endswith("/overall")), ""
-    )
+    prefix = f"eval/{score_prefix}"
     evals = [row for row in rows if f"{prefix}/overall" in row]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4))
     steps = [row["step"] for row in train]
@@ -124,8 +125,14 @@ def log_grid_to_trackers(accelerator: Any, name: str, path: Path, step: int) -> 
             tracker.writer.add_image(name, grid_pixels(path), step, dataformats="HWC")
 
 
+#: the most frames of an animated grid :func:`grid_pixels` puts side by side
+MAX_STRIP_FRAMES = 8
+
+
 def grid_pixels(path: Path) -> np.ndarray:
-    """The ``[H, W, 3]`` uint8 pixels of a saved grid; an animated grid's frames side by side."""
+    """The ``[H, W, 3]`` uint8 pixels of a saved grid; for an animated grid, up to ``MAX_STRIP_FRAMES``
+    evenly spaced frames side by side."""
     with Image.open(path) as image:
         frames = [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
-    return np.concatenate(frames, axis=1)
+    keep = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), MAX_STRIP_FRAMES)).round().astype(int))
+    return np.concatenate([frames[index] for index in keep], axis=1)

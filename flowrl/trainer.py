@@ -165,12 +165,12 @@ class Trainer:
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
-        self.world = get_world(config.evaluation_world)
 
         torch.manual_seed(config.training.seed)
         self.policy = build_policy(
             config.model, config.training.ema_decay, self.algorithm.separate_sampler
         ).to(acc.device)
+        self.world = evaluation_world(config, self.policy)
         shift = config.sampler.time_shift if config.sampler.time_shift is not None else self.policy.time_shift
         self.grid = timesteps(config.sampler.num_steps, shift=shift)
         self.optimizer = torch.optim.AdamW(
@@ -451,7 +451,12 @@ class Trainer:
                 if log is not None:
                     log.append(row)
                     if self.step % CURVES_EVERY == 0 or f"eval/{self.world.score_key('overall')}" in row:
-                        plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
+                        plot_curves(
+                            log.rows,
+                            self.output_dir / "curves.png",
+                            str(self.output_dir),
+                            self.world.score_prefix,
+                        )
                 acc.log(row, step=self.step)
                 progress.set_postfix(reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}")
                 progress.update(1)
@@ -476,7 +481,9 @@ class Trainer:
             if log is not None and log.rows and final:
                 log.rows[-1].update(final)
                 log._rewrite()
-                plot_curves(log.rows, self.output_dir / "curves.png", title=str(self.output_dir))
+                plot_curves(
+                    log.rows, self.output_dir / "curves.png", str(self.output_dir), self.world.score_prefix
+                )
             summary = {
                 "base": base_scores,
                 "tuned": tuned,
@@ -492,6 +499,22 @@ class Trainer:
         acc.wait_for_everyone()
         acc.end_training()
         return summary
+
+
+def evaluation_world(config: TrainConfig, policy: Any) -> World:
+    """The world whose held-out prompts judge the model: the config's (``evaluation.world`` or shipped
+    ``data.prompts``), else the one the model draws (clips: ``video_shapes``, images: ``shapes``).
+    A shapes model of the other kind is an error here, before anything is sampled."""
+    if config.model.backend != "shapes":  # config validation keeps their evaluation off
+        return get_world(config.evaluation_world or "shapes")
+    makes_clips = policy.unwrapped.is_video
+    world = get_world(config.evaluation_world or ("video_shapes" if makes_clips else "shapes"))
+    if world.is_video != makes_clips:
+        raise ValueError(
+            f"model.name={config.model.name!r} makes {'clips' if makes_clips else 'images'}, but the "
+            f"evaluation world is {world.name!r} (evaluation.world / data.prompts={config.data.prompts!r})"
+        )
+    return world
 
 
 def eval_row(scores: dict[str, Any], world: World) -> dict[str, float]:

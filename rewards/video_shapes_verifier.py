@@ -181,7 +181,7 @@ def verify_clip(clip: np.ndarray, metadata: Mapping[str, Any]) -> tuple[float, f
 class VideoShapesVerifier:
     """Reward: the moving-shapes verifier.
 
-    Call with videos ``[B, T, 3, H, W]`` in [0, 1] (``T >= 2``), prompts and
+    Call with videos ``[B, T, 3, H, W]`` in [0, 1] (``T >= MIN_FIT_FRAMES``), prompts and
     per-prompt metadata; returns ``{"partial": Tensor[B], "strict": Tensor[B]}``
     (see module docstring).
     """
@@ -197,8 +197,10 @@ class VideoShapesVerifier:
             raise ValueError(
                 f"video_shapes_verifier expects videos [B, T, 3, H, W], got shape {tuple(videos.shape)}"
             )
-        if videos.shape[1] < 2:
-            raise ValueError(f"video_shapes_verifier needs at least 2 frames, got {videos.shape[1]}")
+        if videos.shape[1] < MIN_FIT_FRAMES:
+            raise ValueError(
+                f"video_shapes_verifier needs at least {MIN_FIT_FRAMES} frames (a motion fit), got {videos.shape[1]}"
+            )
         if len(metadata) != videos.shape[0]:
             raise ValueError(
                 f"video_shapes_verifier got {videos.shape[0]} videos but {len(metadata)} metadata entries"

@@ -194,8 +194,8 @@ def test_wrong_shapes_lengths_and_metadata_are_clear_errors():
         verifier(torch.zeros(2, 3, 32, 32), ["p"] * 2, [record] * 2)
     with pytest.raises(ValueError, match=r"expects videos \[B, T, 3, H, W\], got shape \(1, 8, 4, 32, 32\)"):
         verifier(torch.zeros(1, 8, 4, 32, 32), ["p"], [record])
-    with pytest.raises(ValueError, match="needs at least 2 frames, got 1"):
-        verifier(torch.zeros(1, 1, 3, 32, 32), ["p"], [record])
+    with pytest.raises(ValueError, match=r"needs at least 3 frames \(a motion fit\), got 2"):
+        verifier(torch.zeros(1, 2, 3, 32, 32), ["p"], [record])
     with pytest.raises(ValueError, match="got 2 videos but 1 metadata entries"):
         verifier(torch.zeros(2, 8, 3, 32, 32), ["p"] * 2, [record])
     with pytest.raises(ValueError, match="entries of count 1"):
@@ -223,5 +223,5 @@ def test_the_registry_builds_it_and_it_passes_the_boundary_checks(ground_truth):
     assert multi.total(multi(videos, prompts, records)).tolist() == [1.0] * len(records)
     with pytest.raises(RewardError, match=r"expects media \[B, T, 3, H, W\]"):
         score("video_shapes_verifier", verifier, videos[:, 0], prompts, records)
-    with pytest.raises(RewardError, match="'video_shapes_verifier' raised ValueError: .*at least 2 frames"):
+    with pytest.raises(RewardError, match="'video_shapes_verifier' raised ValueError: .*at least 3 frames"):
         score("video_shapes_verifier", verifier, videos[:, :1], prompts, records)

@@ -29,7 +29,7 @@ from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.grammar import write_prompts
 from flowrl.shapes.pretrain import PretrainConfig, initial_model, pretrain, training_batch
 from flowrl.shapes.tokenizer import ShapesTokenizer
-from flowrl.trainer import train
+from flowrl.trainer import evaluation_world, train
 from flowrl.video_shapes import grammar
 from flowrl.video_shapes.render import (
     NUM_FRAMES,
@@ -194,8 +194,8 @@ def test_a_clip_too_long_for_its_frame_is_a_clear_error():
     with pytest.raises(ValueError, match=r"num_frames=16 frames, more than a 128-pixel frame"):
         render_clip(record, np.random.default_rng(0), num_frames=16, image_size=128)  # speed scales too
     assert render_clip(record, np.random.default_rng(0), num_frames=8).shape[0] == 8
-    with pytest.raises(ValueError, match="at least 2 frames, got num_frames=1"):
-        render_clip(record, np.random.default_rng(0), num_frames=1)
+    with pytest.raises(ValueError, match="at least 3 frames .*, got num_frames=2"):
+        render_clip(record, np.random.default_rng(0), num_frames=2)
 
 
 @pytest.mark.parametrize(
@@ -565,7 +565,28 @@ def test_video_prompts_pick_the_video_world_and_mismatches_are_config_errors(tmp
     write_prompts(prompt_file, grammar.shipped_prompts("train")[:4])
     own = load_config(None, [f"data.prompts={prompt_file}", "evaluation.world=video_shapes"])
     assert own.evaluation_world == "video_shapes"
-    assert load_config(None, [f"data.prompts={prompt_file}"]).evaluation_world == "shapes"
+    assert load_config(None, [f"data.prompts={prompt_file}"]).evaluation_world is None  # the model decides
+
+
+@pytest.mark.parametrize("makes_clips", [False, True])
+def test_the_trainer_takes_the_world_of_the_model_and_refuses_the_other_kind(tmp_path, makes_clips):
+    prompt_file = tmp_path / "mine.jsonl"
+    write_prompts(prompt_file, grammar.shipped_prompts("train")[:4])
+    policy = types.SimpleNamespace(unwrapped=types.SimpleNamespace(is_video=makes_clips))
+    own_prompts = load_config(None, [f"data.prompts={prompt_file}"])
+    assert evaluation_world(own_prompts, policy) is (VIDEO if makes_clips else get_world("shapes"))
+    other = "shapes-train" if makes_clips else "video-shapes-train"
+    with pytest.raises(
+        ValueError, match=f"makes {'clips' if makes_clips else 'images'}, but the evaluation world"
+    ):
+        evaluation_world(load_config(None, [f"data.prompts={other}"]), policy)
+
+
+def test_evaluation_is_a_config_error_for_diffusers_backends():
+    with pytest.raises(
+        ConfigError, match="runs on shapes models only; set both to \\[\\] for model.backend='wan'"
+    ):
+        load_config(None, ["model.backend=wan", "model.name=somewhere", "model.num_frames=5"])
 
 
 def test_the_shipped_video_config_validates():

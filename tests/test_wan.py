@@ -182,7 +182,7 @@ def test_the_saved_lora_reproduces_the_trainers_videos_in_a_stock_pipeline(
 
 
 def test_a_frame_count_the_vae_cannot_take_is_a_clear_error():
-    with pytest.raises(ConfigError, match=r"model.num_frames=8 is not allowed; it must be 4k\+1"):
+    with pytest.raises(ConfigError, match=r"model.num_frames=8 is not allowed; Wan needs 4k\+1 frames"):
         load_config(None, ["model.backend=wan", "model.name=somewhere", "model.num_frames=8"])
     with pytest.raises(ConfigError, match="model.num_frames=0 is not allowed"):
         load_config(None, ["model.backend=wan", "model.name=somewhere", "model.num_frames=0"])

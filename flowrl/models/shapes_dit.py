@@ -247,8 +247,11 @@ class ShapesDiT(nn.Module):
         other weight is copied, the patch embedding of a tubelet is the mean of
         its frames' image embeddings (``W_video = [W, ..., W] / frame_patch``),
         every frame of a tubelet starts with the image head (``[W; ...; W]``),
-        and the frame embedding starts at zero: at first each frame is denoised
-        as the image model would, and motion is what video training adds.
+        and the frame embedding starts at zero: on a still clip (every frame the
+        same image) the video model returns the image model's velocity in every
+        frame; motion and the binding of frames are what video training adds.
+        With ``frame_patch > 1`` the frames of a tubelet start averaged
+        (symmetric), which training must break: ``frame_patch=1`` starts exactly.
         """
         if self.is_video:
             raise ValueError("this model is already a video model")

@@ -87,7 +87,7 @@ class PretrainConfig:
     meanflow_adaptive_p: float = 1.0  #: meanflow: power p of the adaptive loss weight (0 = plain MSE)
     world: str = "shapes"  #: "shapes" (images) or "video_shapes" (moving-shapes clips)
     num_frames: int = 8  #: video_shapes: frames per clip
-    frame_patch: int = 2  #: video_shapes: frames per token (tubelet depth)
+    frame_patch: int = 1  #: video_shapes: frames per token (tubelet depth)
 
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")

@@ -11,7 +11,6 @@ visible together at least ``GAP`` pixels apart (bounding boxes) in every frame.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 
 from flowrl.shapes.render import COLORS, GAP, SceneObject, draw_scene
 from rewards.shapes_verifier import PALETTE, SHAPE_CLASSES
-from rewards.video_shapes_verifier import APPEAR_FRACTION, DIRECTION_VECTORS, SPEED_PIXELS
+from rewards.video_shapes_verifier import DIRECTION_VECTORS, MIN_FIT_FRAMES, SPEED_PIXELS, appear_frame
 
 NUM_FRAMES = 8
 IMAGE_SIZE = 32
@@ -54,11 +53,6 @@ class MovingObject:
             self.start_y + frame * self.velocity_y,
             self.size,
         )
-
-
-def appear_frame(num_frames: int) -> int:
-    """The first frame of an object that appears."""
-    return math.floor(APPEAR_FRACTION * num_frames)
 
 
 def _draw_object(
@@ -109,8 +103,10 @@ def sample_motion_layout(
     image_size: int = IMAGE_SIZE,
 ) -> list[MovingObject]:
     """Random tracks, one per ``include`` entry, inside the frame and never touching (module docstring)."""
-    if num_frames < 2:
-        raise ValueError(f"a clip needs at least 2 frames, got num_frames={num_frames}")
+    if num_frames < MIN_FIT_FRAMES:
+        raise ValueError(
+            f"a clip needs at least {MIN_FIT_FRAMES} frames (the verifier fits motion to 3), got num_frames={num_frames}"
+        )
     for _ in range(MAX_LAYOUT_TRIES):
         objects = [_draw_object(entry, rng, num_frames, image_size) for entry in include]
         if all(
