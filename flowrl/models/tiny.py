@@ -93,10 +93,12 @@ def _clip_text_encoder(hidden_size: int, projection_dim: int, with_projection: b
     return CLIPTextModelWithProjection(config) if with_projection else CLIPTextModel(config)
 
 
-def _t5_encoder(d_model: int = 32):
-    from transformers import T5Config, T5EncoderModel
+def _t5_encoder(d_model: int = 32, umt5: bool = False):
+    """A T5 encoder stand-in over the word tokenizer's vocabulary; ``umt5``: Wan's encoder class (UMT5)."""
+    import transformers
 
-    config = T5Config(
+    prefix = "UMT5" if umt5 else "T5"
+    config = getattr(transformers, f"{prefix}Config")(
         vocab_size=len(vocabulary()) + 3,
         d_model=d_model,
         d_kv=8,
@@ -107,25 +109,7 @@ def _t5_encoder(d_model: int = 32):
         pad_token_id=0,
         eos_token_id=1,
     )
-    return T5EncoderModel(config)
-
-
-def _umt5_encoder(d_model: int = 32):
-    """Wan's text encoder class (UMT5) at T5 stand-in size, over the word tokenizer's vocabulary."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    config = UMT5Config(
-        vocab_size=len(vocabulary()) + 3,
-        d_model=d_model,
-        d_kv=8,
-        d_ff=37,
-        num_layers=2,
-        num_heads=4,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    return UMT5EncoderModel(config)
+    return getattr(transformers, f"{prefix}EncoderModel")(config)
 
 
 def _vae(latent_channels: int):
@@ -244,7 +228,7 @@ def tiny_wan_pipeline(seed: int = 0):
     )
     return WanPipeline(
         tokenizer=word_tokenizer(),
-        text_encoder=_umt5_encoder(),
+        text_encoder=_t5_encoder(umt5=True),
         vae=vae,
         scheduler=scheduler,
         transformer=transformer,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,48 +92,77 @@ def task_phrases(task: str) -> list[tuple[str, list[dict[str, Any]]]]:
     raise ValueError(f"unknown task {task!r}; allowed: {TASKS}")
 
 
-def task_prompts(task: str) -> list[PromptRecord]:
-    """Every prompt record of a task: each phrase under each template."""
-    return [
-        {"prompt": template.format(phrase), "tag": task, "include": include}
-        for phrase, include in task_phrases(task)
-        for template in TEMPLATES
-    ]
+@dataclass(frozen=True)
+class PhraseGrammar:
+    """A world's prompt grammar: tasks, each a fixed list of ``(phrase, include)`` pairs, each phrase said
+    under every template; its shipped train/test split lives in ``prompt_dir``."""
 
+    tasks: tuple[str, ...]
+    task_phrases: Callable[[str], list[tuple[str, list[dict[str, Any]]]]]
+    templates: tuple[str, ...]
+    prompt_dir: Path
 
-def all_prompts() -> list[PromptRecord]:
-    """Every prompt of the grammar, task by task."""
-    return [record for task in TASKS for record in task_prompts(task)]
+    def task_prompts(self, task: str) -> list[PromptRecord]:
+        """Every prompt record of a task: each phrase under each template."""
+        return [
+            {"prompt": template.format(phrase), "tag": task, "include": include}
+            for phrase, include in self.task_phrases(task)
+            for template in self.templates
+        ]
 
+    def all_prompts(self) -> list[PromptRecord]:
+        """Every prompt of the grammar, task by task."""
+        return [record for task in self.tasks for record in self.task_prompts(task)]
 
-def vocabulary() -> list[str]:
-    """Every word the grammar can produce, sorted."""
-    return sorted({word for record in all_prompts() for word in record["prompt"].split()})
+    def vocabulary(self) -> list[str]:
+        """Every word the grammar can produce, sorted."""
+        return sorted({word for record in self.all_prompts() for word in record["prompt"].split()})
 
+    def split_prompts(
+        self, seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION
+    ) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        """Disjoint ``(train, test)`` prompt lists, split by phrase.
 
-def split_prompts(
-    seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION
-) -> tuple[list[PromptRecord], list[PromptRecord]]:
-    """Disjoint ``(train, test)`` prompt lists, split by phrase.
+        Per task, a seeded shuffle of the phrases puts ``test_fraction`` of them
+        (at least one, never all) in the test set; every template of a phrase goes
+        to the same side, so no test phrase is seen in training under another wording.
+        """
+        rng = np.random.default_rng(seed)
+        train: list[PromptRecord] = []
+        test: list[PromptRecord] = []
+        for task in self.tasks:
+            phrases = self.task_phrases(task)
+            order = rng.permutation(len(phrases))
+            n_test = min(len(phrases) - 1, max(1, round(test_fraction * len(phrases))))
+            held_out = set(order[:n_test].tolist())
+            for index, (phrase, include) in enumerate(phrases):
+                side = test if index in held_out else train
+                side.extend(
+                    {"prompt": template.format(phrase), "tag": task, "include": include}
+                    for template in self.templates
+                )
+        return train, test
 
-    Per task, a seeded shuffle of the phrases puts ``test_fraction`` of them
-    (at least one, never all) in the test set; every template of a phrase goes
-    to the same side, so no test phrase is seen in training under another wording.
-    """
-    rng = np.random.default_rng(seed)
-    train: list[PromptRecord] = []
-    test: list[PromptRecord] = []
-    for task in TASKS:
-        phrases = task_phrases(task)
-        order = rng.permutation(len(phrases))
-        n_test = min(len(phrases) - 1, max(1, round(test_fraction * len(phrases))))
-        held_out = set(order[:n_test].tolist())
-        for index, (phrase, include) in enumerate(phrases):
-            side = test if index in held_out else train
-            side.extend(
-                {"prompt": template.format(phrase), "tag": task, "include": include} for template in TEMPLATES
-            )
-    return train, test
+    def shipped_prompts(self, split: str) -> list[PromptRecord]:
+        """The shipped ``train`` or ``test`` prompts."""
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown prompt split {split!r}; allowed: 'train', 'test'")
+        return load_prompts(self.prompt_dir / f"{split}.jsonl")
+
+    def sample_prompt(self, rng: np.random.Generator) -> PromptRecord:
+        """A random prompt of the whole grammar: task uniform, then phrase and template uniform."""
+        task = self.tasks[rng.integers(len(self.tasks))]
+        phrases = self.task_phrases(task)
+        phrase, include = phrases[rng.integers(len(phrases))]
+        template = self.templates[rng.integers(len(self.templates))]
+        return {"prompt": template.format(phrase), "tag": task, "include": include}
+
+    def write_split(self) -> tuple[int, int]:
+        """Write :meth:`split_prompts` as the shipped ``train.jsonl`` and ``test.jsonl``; return their sizes."""
+        train, test = self.split_prompts()
+        write_prompts(self.prompt_dir / "train.jsonl", train)
+        write_prompts(self.prompt_dir / "test.jsonl", test)
+        return len(train), len(test)
 
 
 def write_prompts(path: Path, records: Iterable[PromptRecord]) -> None:
@@ -158,17 +188,10 @@ def load_prompts(path: str | Path) -> list[PromptRecord]:
     return records
 
 
-def shipped_prompts(split: str) -> list[PromptRecord]:
-    """The shipped ``train`` or ``test`` prompts."""
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown prompt split {split!r}; allowed: 'train', 'test'")
-    return load_prompts(PROMPT_DIR / f"{split}.jsonl")
-
-
-def sample_prompt(rng: np.random.Generator) -> PromptRecord:
-    """A random prompt of the whole grammar: task uniform, then phrase and template uniform."""
-    task = TASKS[rng.integers(len(TASKS))]
-    phrases = task_phrases(task)
-    phrase, include = phrases[rng.integers(len(phrases))]
-    template = TEMPLATES[rng.integers(len(TEMPLATES))]
-    return {"prompt": template.format(phrase), "tag": task, "include": include}
+GRAMMAR = PhraseGrammar(TASKS, task_phrases, TEMPLATES, PROMPT_DIR)
+task_prompts = GRAMMAR.task_prompts
+all_prompts = GRAMMAR.all_prompts
+vocabulary = GRAMMAR.vocabulary
+split_prompts = GRAMMAR.split_prompts
+shipped_prompts = GRAMMAR.shipped_prompts
+sample_prompt = GRAMMAR.sample_prompt

@@ -22,9 +22,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from flowrl.shapes.grammar import COLORS, PromptRecord, load_prompts, write_prompts
+from flowrl.shapes.grammar import COLORS, PhraseGrammar
 from rewards.shapes_verifier import SHAPE_CLASSES
 from rewards.video_shapes_verifier import DIRECTIONS, SPEED_PIXELS
 
@@ -32,9 +30,7 @@ TASKS: tuple[str, ...] = ("motion", "color_motion", "speed", "two_motion", "appe
 SPEEDS: tuple[str, ...] = tuple(SPEED_PIXELS)
 TEMPLATES: tuple[str, ...] = ("{}", "a video of {}")
 
-#: Seed of the shipped train/test split (``flowrl/video_shapes/prompts/*.jsonl``).
-SPLIT_SEED = 0
-TEST_FRACTION = 0.25
+#: the shipped train/test split (``grammar.split_prompts()``: seed 0, 25% of each task's phrases held out)
 PROMPT_DIR = Path(__file__).parent / "prompts"
 
 
@@ -86,64 +82,18 @@ def task_phrases(task: str) -> list[tuple[str, list[dict[str, Any]]]]:
     raise ValueError(f"unknown task {task!r}; allowed: {TASKS}")
 
 
-def _record(template: str, phrase: str, task: str, include: list[dict[str, Any]]) -> PromptRecord:
-    return {"prompt": template.format(phrase), "tag": task, "include": include}
-
-
-def all_prompts() -> list[PromptRecord]:
-    """Every prompt of the grammar, task by task."""
-    return [
-        _record(template, phrase, task, include)
-        for task in TASKS
-        for phrase, include in task_phrases(task)
-        for template in TEMPLATES
-    ]
-
-
-def vocabulary() -> list[str]:
-    """Every word the grammar can produce, sorted."""
-    return sorted({word for record in all_prompts() for word in record["prompt"].split()})
-
-
-def split_prompts(
-    seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION
-) -> tuple[list[PromptRecord], list[PromptRecord]]:
-    """Disjoint ``(train, test)`` prompt lists, split by phrase within each task (every template of a
-    phrase on the same side; at least one test phrase per task, never all)."""
-    rng = np.random.default_rng(seed)
-    train: list[PromptRecord] = []
-    test: list[PromptRecord] = []
-    for task in TASKS:
-        phrases = task_phrases(task)
-        order = rng.permutation(len(phrases))
-        held_out = set(order[: min(len(phrases) - 1, max(1, round(test_fraction * len(phrases))))].tolist())
-        for index, (phrase, include) in enumerate(phrases):
-            side = test if index in held_out else train
-            side.extend(_record(template, phrase, task, include) for template in TEMPLATES)
-    return train, test
-
-
-def shipped_prompts(split: str) -> list[PromptRecord]:
-    """The shipped ``train`` or ``test`` prompts."""
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown prompt split {split!r}; allowed: 'train', 'test'")
-    return load_prompts(PROMPT_DIR / f"{split}.jsonl")
-
-
-def sample_prompt(rng: np.random.Generator) -> PromptRecord:
-    """A random prompt of the whole grammar: task uniform, then phrase and template uniform."""
-    task = TASKS[rng.integers(len(TASKS))]
-    phrases = task_phrases(task)
-    phrase, include = phrases[rng.integers(len(phrases))]
-    return _record(TEMPLATES[rng.integers(len(TEMPLATES))], phrase, task, include)
+GRAMMAR = PhraseGrammar(TASKS, task_phrases, TEMPLATES, PROMPT_DIR)
+all_prompts = GRAMMAR.all_prompts
+vocabulary = GRAMMAR.vocabulary
+split_prompts = GRAMMAR.split_prompts
+shipped_prompts = GRAMMAR.shipped_prompts
+sample_prompt = GRAMMAR.sample_prompt
 
 
 def main() -> None:
     """Write the shipped split: ``python -m flowrl.video_shapes.grammar``."""
-    train, test = split_prompts()
-    write_prompts(PROMPT_DIR / "train.jsonl", train)
-    write_prompts(PROMPT_DIR / "test.jsonl", test)
-    print(f"wrote {len(train)} train and {len(test)} test prompts to {PROMPT_DIR}")
+    train, test = GRAMMAR.write_split()
+    print(f"wrote {train} train and {test} test prompts to {PROMPT_DIR}")
 
 
 if __name__ == "__main__":
