@@ -5,7 +5,11 @@ from pathlib import Path
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED_MODELS = {"shapes-base": ASSETS / "shapes_base", "shapes-meanflow": ASSETS / "shapes_meanflow"}
+SHIPPED_MODELS = {
+    "shapes-base": ASSETS / "shapes_base",
+    "shapes-meanflow": ASSETS / "shapes_meanflow",
+    "shapes-video": ASSETS / "shapes_video",
+}
 
 
 def load_shapes_model(name_or_path: str) -> ShapesDiT:
