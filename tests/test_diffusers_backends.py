@@ -302,7 +302,15 @@ def test_backend_settings_are_checked_before_any_model_loads(tmp_path):
 
 
 def test_a_model_that_is_not_there_is_a_clear_error(tmp_path):
-    config = load_config(None, ["model.backend=flux", f"model.name={tmp_path / 'missing'}"])
+    config = load_config(
+        None,
+        [
+            "model.backend=flux",
+            f"model.name={tmp_path / 'missing'}",
+            "evaluation.guidance_scales=[]",
+            "evaluation.base_guidance_scales=[]",
+        ],
+    )
     with pytest.raises(OSError, match="could not be loaded as a FluxPipeline"):
         build_policy(config.model)
 
