@@ -229,6 +229,12 @@ def test_mixed_precision_keeps_lora_weights_in_float32(pipeline_dir, prompt_file
     policy = trainer.policy
     assert policy.backend.transformer.dtype == torch.bfloat16
     assert policy.backend.vae.dtype == torch.float32
+    # the VAE is read in float32, not rounded to bfloat16 and upcast
+    stored = policy.backend.pipeline_class().from_pretrained(model_dir, dtype=torch.float32).vae
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(policy.backend.vae.state_dict().values(), stored.state_dict().values())
+    )
     assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
     assert np.isfinite(read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["loss"])
 

@@ -76,9 +76,12 @@ class DiffusersFlowModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", **kwargs: Any) -> DiffusersFlowModel:
-        """Load a pipeline by hub id (from the local HF cache when offline) or directory."""
+        """Load a pipeline by hub id (from the local HF cache when offline) or directory; the VAE is read in
+        float32 whatever ``dtype`` (upcasting bf16-rounded VAE weights would not restore them)."""
         try:
-            pipeline = cls.pipeline_class().from_pretrained(name_or_path, dtype=DTYPES[dtype])
+            pipeline = cls.pipeline_class().from_pretrained(
+                name_or_path, dtype={"default": DTYPES[dtype], "vae": torch.float32}
+            )
         except (OSError, ValueError) as error:
             where = "directory" if Path(name_or_path).is_dir() else "hub id (looked up in the local HF cache)"
             raise OSError(
