@@ -81,6 +81,10 @@ class SamplerConfig:
     #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)``; None = the model's own (1 for shapes)
     time_shift: float | None = field(default=None, metadata=_at_least(0.0, strict=True))
     guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
+    #: the prompt CFG guides away from (the unconditional branch of every guided velocity: rollouts,
+    #: GRPO's guided training, CRD's anchor); "" = the empty prompt. Diffusers backends only: the shapes
+    #: models were trained to drop their prompt to "" alone.
+    negative_prompt: str = ""
 
 
 @dataclass
@@ -455,6 +459,11 @@ def _check_cross_fields(config: TrainConfig) -> None:
             f"(prompts of the {implied!r} world); set evaluation.world={implied} or leave it unset"
         )
     _check_model(config.model)
+    if config.model.backend == "shapes" and config.sampler.negative_prompt:
+        raise ConfigError(
+            f"sampler.negative_prompt={config.sampler.negative_prompt!r} is not allowed for the shapes backend; "
+            "its CFG guides against the empty prompt it was trained to drop to (allowed: '')"
+        )
     if config.model.backend != "shapes" and (
         config.evaluation.guidance_scales or config.evaluation.base_guidance_scales
     ):

@@ -282,13 +282,15 @@ class DiffusersPolicy:
         guidance_scale: float = 1.0,
         model: str = "tuned",
         batch_size: int = 16,
+        negative_prompt: str = "",
+        time_shift: float | None = None,
     ) -> torch.Tensor:
-        """Media in [0, 1] (images, or Wan's videos) from the ``tuned`` or ``base`` model: Euler on the model's
-        shifted grid, noise of sample ``i`` seeded by ``seeds[i]``, CFG against the empty prompt when
-        ``guidance_scale > 1``."""
+        """Media in [0, 1] (images, or Wan's videos) from the ``tuned`` or ``base`` model: Euler on the grid
+        shifted by ``time_shift`` (None: the model's own), noise of sample ``i`` seeded by ``seeds[i]``, CFG
+        against ``negative_prompt`` when ``guidance_scale > 1``."""
         velocity = {"tuned": self.tuned_velocity, "base": self.reference_velocity}[model]
-        grid = timesteps(num_steps, shift=self.time_shift)
-        guided = guided_velocity(velocity, guidance_scale, self.encode([""]))
+        grid = timesteps(num_steps, shift=self.time_shift if time_shift is None else time_shift)
+        guided = guided_velocity(velocity, guidance_scale, self.encode([negative_prompt]))
         images = []
         for start in range(0, len(prompts), batch_size):
             cond = self.encode(list(prompts[start : start + batch_size]))

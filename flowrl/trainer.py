@@ -91,6 +91,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
+def task_rewards(total: torch.Tensor, records: list[dict]) -> dict[str, float]:
+    """``{"reward/task/<tag>": mean total reward}`` per task tag of the step's prompts (none when a prompt
+    has no ``tag``, as in plain prompt files)."""
+    tags = [record.get("tag") for record in records]
+    if not tags or None in tags:
+        return {}
+    return {
+        f"reward/task/{tag}": float(total[[i for i, t in enumerate(tags) if t == tag]].mean())
+        for tag in sorted(set(tags))
+    }
+
+
 def linear_warmup(warmup_steps: int):
     """LambdaLR factor: linear warm-up over ``warmup_steps`` optimizer steps, then constant."""
     return lambda index: min(1.0, (index + 1) / warmup_steps) if warmup_steps else 1.0
@@ -262,7 +274,9 @@ class Trainer:
         cond = policy.encode([record["prompt"] for record in records])
         noise = policy.initial_noise(seeds, acc.device)
         velocity = guided_velocity(
-            policy.sampler_velocity, self.config.sampler.guidance_scale, policy.encode([""])
+            policy.sampler_velocity,
+            self.config.sampler.guidance_scale,
+            policy.encode([self.config.sampler.negative_prompt]),
         )
         chunks: list[RolloutChunk] = []
         futures = []
@@ -368,6 +382,7 @@ class Trainer:
             "reward/mean": float(total.mean()),
             **{f"reward/{key}": float(value.mean()) for key, value in global_scores.items()},
             "reward/zero_std_groups": float((grouped.std(dim=1) == 0).float().mean()),
+            **task_rewards(total, samples.records),
             "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": self.scheduler.get_last_lr()[0],

@@ -172,19 +172,22 @@ def test_the_saved_lora_reproduces_the_trainers_images_in_a_stock_pipeline(
 
     seeds, num_steps = [0, 1, 2], 4
     prompts = PROMPTS[: len(seeds)]
-    ours = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale)
-    base = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale, model="base")
+    negative = "three yellow squares" if guidance_scale > 1 else ""  # sampler.negative_prompt's path
+    ours = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale, negative_prompt=negative)
+    base = trainer.policy.generate(
+        prompts, seeds, num_steps, guidance_scale, model="base", negative_prompt=negative
+    )
 
     pipeline_class = trainer.policy.backend.pipeline_class()
     pipe = pipeline_class.from_pretrained(model_dir)
     pipe.load_lora_weights(tmp_path / "run" / "model")
     options = {"guidance_scale": guidance_scale} if kind == "sd3" else {"true_cfg_scale": guidance_scale}
     if kind == "sd3" and guidance_scale > 1:
-        options["negative_prompt"] = ""
+        options["negative_prompt"] = negative
     if kind == "flux":
         options["guidance_scale"] = 3.5  # the embedded guidance the trainer used (model.guidance)
         if guidance_scale > 1:
-            options["negative_prompt"] = ""
+            options["negative_prompt"] = negative
     theirs = torch.cat(
         [
             pipe(
@@ -303,6 +306,8 @@ def test_backend_settings_are_checked_before_any_model_loads(tmp_path):
         load_config(None, ["model.backend=sd3", "model.name=somewhere", "model.attention_backend=warp"])
     with pytest.raises(ConfigError, match="model.name='shapes-base'.*sd3"):
         load_config(None, ["model.backend=sd3"])
+    with pytest.raises(ConfigError, match="sampler.negative_prompt='blurry'.*shapes backend.*allowed: ''"):
+        load_config(None, ["sampler.negative_prompt=blurry"])
     with pytest.raises(ConfigError, match="model.height=20.*multiple of 16"):
         load_config(None, ["model.backend=sd3", "model.name=x", "model.height=20"])
 

@@ -14,7 +14,7 @@ from flowrl.config import load_config
 from flowrl.prompts import prompt_weights, step_samples
 from flowrl.run_log import read_metrics
 from flowrl.shapes.grammar import shipped_prompts
-from flowrl.trainer import Trainer
+from flowrl.trainer import Trainer, task_rewards
 
 TINY_RUN = [
     "training.prompts_per_step=2",
@@ -67,9 +67,17 @@ def test_resume_continues_exactly(tmp_path, tiny_model_dir):
     )
     assert [r["step"] for r in rows_b] == [0, 1, 2, 3, 4]  # step 0: the base model's evaluation
     rows_a, rows_b = rows_a[1:], rows_b[1:]
+    assert all(any(key.startswith("reward/task/") for key in row) for row in rows_a)
     for row_a, row_b in zip(rows_a, rows_b):
         for key in COMPARED:
             assert row_a[key] == pytest.approx(row_b[key], rel=1e-6, abs=1e-9), (row_a["step"], key)
+
+
+def test_task_rewards_are_the_mean_reward_of_each_task():
+    total = torch.tensor([1.0, 0.0, 0.5, 0.25])
+    records = [{"tag": "counting"}, {"tag": "position"}, {"tag": "counting"}, {"tag": "position"}]
+    assert task_rewards(total, records) == {"reward/task/counting": 0.75, "reward/task/position": 0.125}
+    assert task_rewards(total, [{"prompt": "a cat"}] * 4) == {}
 
 
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir):

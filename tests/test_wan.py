@@ -156,8 +156,9 @@ def test_the_saved_lora_reproduces_the_trainers_videos_in_a_stock_pipeline(
     pipe.scheduler = TrainerGridEuler(shift=trainer.policy.time_shift)
     seeds, num_steps = [0, 1], 4
     prompts = PROMPTS[: len(seeds)]
-    for guidance_scale in (1.0, 3.0):  # 3.0: CFG against the pipeline's default (empty) negative prompt
-        ours = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale)
+    # CFG 3 against the pipeline's default (empty) negative prompt and against a given one
+    for guidance_scale, negative in ((1.0, ""), (3.0, ""), (3.0, "three yellow squares")):
+        ours = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale, negative_prompt=negative)
         assert ours.shape == (len(seeds), num_frames, 3, SIZE, SIZE)
         theirs = torch.cat(
             [
@@ -168,6 +169,7 @@ def test_the_saved_lora_reproduces_the_trainers_videos_in_a_stock_pipeline(
                     num_frames=num_frames,
                     num_inference_steps=num_steps,
                     guidance_scale=guidance_scale,
+                    negative_prompt=negative or None,
                     generator=torch.Generator().manual_seed(seed),  # the pipeline draws its own noise
                     max_sequence_length=16,
                     output_type="pt",
@@ -175,7 +177,7 @@ def test_the_saved_lora_reproduces_the_trainers_videos_in_a_stock_pipeline(
                 for prompt, seed in zip(prompts, seeds)
             ]
         )
-        assert (theirs - ours).abs().max() < VIDEO_TOLERANCE, guidance_scale
+        assert (theirs - ours).abs().max() < VIDEO_TOLERANCE, (guidance_scale, negative)
     base = trainer.policy.generate(prompts, seeds, num_steps, model="base")
     ours = trainer.policy.generate(prompts, seeds, num_steps)
     assert (base - ours).abs().max() > 10 * VIDEO_TOLERANCE, "the LoRA must change the videos to test it"

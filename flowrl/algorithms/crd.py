@@ -167,7 +167,7 @@ class CRD(DiffusionNFT):
         with torch.no_grad():
             v_old = policy.old_velocity(x_t, t, batch.cond)
             anchor_velocity = guided_velocity(
-                policy.reference_velocity, self.config.anchor_guidance, policy.encode([""])
+                policy.reference_velocity, self.config.anchor_guidance, policy.encode([self.negative_prompt])
             )
             v_anchor = anchor_velocity(x_t, t, batch.cond)
         terms = crd_loss(

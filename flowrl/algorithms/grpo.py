@@ -104,6 +104,7 @@ class _GRPOBase:
         self.train_config = config
         self.config = config.algorithm
         self.guidance_scale = config.sampler.guidance_scale
+        self.negative_prompt = config.sampler.negative_prompt
         # Exact ratios need the sampling copy and the trained model to run the same kernels. torch's fused
         # attention "fast path" (nn.TransformerEncoder, nn.MultiheadAttention) runs only for frozen or
         # no-grad eval-mode calls, i.e. for the sampling copy alone: it is switched off for GRPO runs.
@@ -115,7 +116,7 @@ class _GRPOBase:
         so the first inner step re-scores the rollout exactly."""
         if not (self.config.train_guidance and self.guidance_scale != 1.0):
             return velocity
-        unconditional = policy.encode([""])
+        unconditional = policy.encode([self.negative_prompt])
 
         def guided(x: torch.Tensor, t: torch.Tensor, rows: Any) -> torch.Tensor:
             both = concat_rows(rows, broadcast_rows(unconditional, x.shape[0]))
@@ -127,7 +128,9 @@ class _GRPOBase:
 
     def _reference(self, policy: Policy) -> VelocityFn:
         if self.config.train_guidance and self.guidance_scale != 1.0:
-            return guided_velocity(policy.reference_velocity, self.guidance_scale, policy.encode([""]))
+            return guided_velocity(
+                policy.reference_velocity, self.guidance_scale, policy.encode([self.negative_prompt])
+            )
         return policy.reference_velocity
 
     def transition_loss(
