@@ -188,7 +188,12 @@ class TrainingConfig:
     #: of processes (same data and sizes, not bit-identical across process counts)
     updates_per_step: int = field(default=1, metadata=_at_least(1))
     learning_rate: float = field(default=3e-4, metadata=_at_least(0.0, strict=True))
+    #: optimizer steps of linear warm-up
     warmup_steps: int = field(default=0, metadata=_at_least(0))
+    #: after warm-up: "constant", or "cosine" decay to ``min_learning_rate_ratio`` of the peak at the last
+    #: optimizer step (``steps * updates_per_step``)
+    lr_schedule: str = field(default="constant", metadata=_choice("constant", "cosine"))
+    min_learning_rate_ratio: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata=_at_least(0.0))
     adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
     grad_clip: float = field(default=1.0, metadata=_at_least(0.0, strict=True))

@@ -45,6 +45,7 @@ from flowrl.backends import build_policy
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
+from flowrl.learning_rate import learning_rate_factor
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
@@ -101,11 +102,6 @@ def task_rewards(total: torch.Tensor, records: list[dict]) -> dict[str, float]:
         f"reward/task/{tag}": float(total[[i for i, t in enumerate(tags) if t == tag]].mean())
         for tag in sorted(set(tags))
     }
-
-
-def linear_warmup(warmup_steps: int):
-    """LambdaLR factor: linear warm-up over ``warmup_steps`` optimizer steps, then constant."""
-    return lambda index: min(1.0, (index + 1) / warmup_steps) if warmup_steps else 1.0
 
 
 def update_units(
@@ -191,8 +187,16 @@ class Trainer:
             betas=(0.9, config.training.adam_beta2),
             weight_decay=config.training.weight_decay,
         )
+        training = config.training
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, linear_warmup(config.training.warmup_steps)
+            self.optimizer,
+            partial(
+                learning_rate_factor,
+                warmup_steps=training.warmup_steps,
+                total_steps=training.steps * training.updates_per_step,
+                schedule=training.lr_schedule,
+                min_ratio=training.min_learning_rate_ratio,
+            ),
         )
         self.policy.model = acc.prepare(self.policy.model)
         self.step = 0

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from flowrl.checkpoint import CheckpointError, read_checkpoint, resumable_checkpoint, write_checkpoint
-from flowrl.config import load_config
+from flowrl.config import ConfigError, load_config
+from flowrl.learning_rate import learning_rate_factor
 from flowrl.prompts import prompt_weights, step_samples
 from flowrl.run_log import read_metrics
 from flowrl.shapes.grammar import shipped_prompts
@@ -78,6 +79,25 @@ def test_task_rewards_are_the_mean_reward_of_each_task():
     records = [{"tag": "counting"}, {"tag": "position"}, {"tag": "counting"}, {"tag": "position"}]
     assert task_rewards(total, records) == {"reward/task/counting": 0.75, "reward/task/position": 0.125}
     assert task_rewards(total, [{"prompt": "a cat"}] * 4) == {}
+
+
+def test_learning_rate_factor_warms_up_then_holds_or_decays():
+    assert [learning_rate_factor(i, 2, 10, "constant") for i in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+    cosine = [learning_rate_factor(i, 2, 10, "cosine", 0.2) for i in (1, 2, 6, 10, 20)]
+    assert cosine == pytest.approx([1.0, 1.0, 0.6, 0.2, 0.2])
+    with pytest.raises(ValueError, match="'linear'.*allowed"):
+        learning_rate_factor(3, 0, 10, "linear")
+    with pytest.raises(ConfigError, match="training.lr_schedule='linear'"):
+        load_config("configs/shapes_nft.yaml", ["training.lr_schedule=linear"])
+
+
+def test_the_trainer_follows_the_cosine_schedule(tmp_path, tiny_model_dir):
+    schedule = ["training.lr_schedule=cosine", "training.min_learning_rate_ratio=0.2", "training.warmup_steps=1"]
+    run(tiny_model_dir, tmp_path / "run", "training.steps=4", *schedule)
+    logged = [row["lr"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if row["step"] > 0]
+    # the lr logged after step k is the one the next update uses: factor(k) of the peak
+    assert logged == pytest.approx([1e-3 * learning_rate_factor(k, 1, 4, "cosine", 0.2) for k in (1, 2, 3, 4)])
+    assert logged[-1] == pytest.approx(2e-4)
 
 
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir):

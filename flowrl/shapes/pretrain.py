@@ -37,7 +37,6 @@ run is reproducible on the same machine and thread count.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.generate import images_to_model_space
+from flowrl.learning_rate import learning_rate_factor
 from flowrl.models import load_shapes_model
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.shapes import grammar as image_grammar
@@ -141,11 +141,10 @@ def meanflow_loss(
 
 def learning_rate_at(step: int, config: PretrainConfig) -> float:
     """Linear warm-up to ``learning_rate``, then cosine decay to ``min_learning_rate_ratio`` of it."""
-    if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    floor = config.min_learning_rate_ratio
-    return config.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+    factor = learning_rate_factor(
+        step, config.warmup_steps, config.steps, "cosine", config.min_learning_rate_ratio
+    )
+    return config.learning_rate * factor
 
 
 def training_batch(
