@@ -92,11 +92,17 @@ def test_learning_rate_factor_warms_up_then_holds_or_decays():
 
 
 def test_the_trainer_follows_the_cosine_schedule(tmp_path, tiny_model_dir):
-    schedule = ["training.lr_schedule=cosine", "training.min_learning_rate_ratio=0.2", "training.warmup_steps=1"]
+    schedule = [
+        "training.lr_schedule=cosine",
+        "training.min_learning_rate_ratio=0.2",
+        "training.warmup_steps=1",
+    ]
     run(tiny_model_dir, tmp_path / "run", "training.steps=4", *schedule)
     logged = [row["lr"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if row["step"] > 0]
     # the lr logged after step k is the one the next update uses: factor(k) of the peak
-    assert logged == pytest.approx([1e-3 * learning_rate_factor(k, 1, 4, "cosine", 0.2) for k in (1, 2, 3, 4)])
+    assert logged == pytest.approx(
+        [1e-3 * learning_rate_factor(k, 1, 4, "cosine", 0.2) for k in (1, 2, 3, 4)]
+    )
     assert logged[-1] == pytest.approx(2e-4)
 
 
