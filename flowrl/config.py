@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from flowrl.learning_rate import LR_SCHEDULES
+
 
 def _choice(*allowed: Any) -> dict[str, Any]:
     return {"choices": allowed}
@@ -192,7 +194,7 @@ class TrainingConfig:
     warmup_steps: int = field(default=0, metadata=_at_least(0))
     #: after warm-up: "constant", or "cosine" decay to ``min_learning_rate_ratio`` of the peak at the last
     #: optimizer step (``steps * updates_per_step``)
-    lr_schedule: str = field(default="constant", metadata=_choice("constant", "cosine"))
+    lr_schedule: str = field(default="constant", metadata=_choice(*LR_SCHEDULES))
     min_learning_rate_ratio: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata=_at_least(0.0))
     adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})

@@ -128,6 +128,7 @@ class CRD(DiffusionNFT):
 
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
+        self.negative_prompt = config.sampler.negative_prompt
         self.group_size = config.training.group_size
         self.step = 1
 

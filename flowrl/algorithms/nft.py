@@ -140,7 +140,6 @@ class DiffusionNFT:
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config.algorithm
-        self.negative_prompt = config.sampler.negative_prompt
         self.solver = ODE_SOLVERS[config.sampler.solver]
         self.passes = config.algorithm.train_timesteps
 
