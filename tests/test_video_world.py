@@ -22,7 +22,7 @@ from flowrl.evaluation import colour_drift, evaluate, evaluation_items, write_ev
 from flowrl.generate import generate
 from flowrl.grid import FRAME_MILLISECONDS, save_grid
 from flowrl.models import load_shapes_model
-from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig, TemporalAttention
 from flowrl.prompts import load_prompts
 from flowrl.run_log import grid_pixels, log_grid_to_trackers, read_metrics
 from flowrl.shapes import grammar as image_grammar
@@ -286,6 +286,57 @@ def test_as_video_denoises_a_still_clip_as_the_image_model_does(frame_patch, pre
         video.as_video(grammar.vocabulary(), FRAMES)
 
 
+@pytest.mark.parametrize("prediction", ["velocity", "sample"])
+def test_a_factorized_video_model_starts_as_the_image_model_on_every_frame_of_any_clip(prediction):
+    torch.manual_seed(0)
+    image = randomised(
+        ShapesDiT(ShapesDiTConfig(vocabulary=image_grammar.vocabulary(), prediction=prediction, **TINY_SIZES))
+    )
+    video = image.as_video(grammar.vocabulary(), FRAMES, 1, attention="factorized").eval()
+    assert video.is_factorized and video.config.video_attention == "factorized"
+    assert all(block.temporal is not None for block in video.blocks)
+    prompts = ["a red circle", "a blue square and a green triangle"]
+    clip = torch.randn(2, FRAMES, 3, 32, 32)  # every frame different: joint attention would mix them
+    t = torch.tensor([0.3, 0.8])
+    with torch.no_grad():
+        got = video(clip, t, *video.encode_prompts(prompts))
+        expected = torch.stack(
+            [image(clip[:, k], t, *image.encode_prompts(prompts)) for k in range(FRAMES)], dim=1
+        )
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # once the temporal layers are trained, frames inform each other
+    randomised(video, seed=1)
+    changed = clip.clone()
+    changed[:, 1] += 1.0
+    with torch.no_grad():
+        before = video(clip, t, *video.encode_prompts(prompts))
+        after = video(changed, t, *video.encode_prompts(prompts))
+    assert not torch.allclose(before[:, 0], after[:, 0])
+
+
+def test_temporal_attention_mixes_the_frames_of_one_position_only():
+    torch.manual_seed(0)
+    layer = TemporalAttention(hidden=16, heads=2)
+    torch.nn.init.normal_(layer.out.weight)
+    frames, positions = 3, 5
+    tokens = torch.randn(2, frames * positions, 16)
+    changed = tokens.clone()
+    changed[0, 1 * positions + 2] += 1.0  # frame 1, position 2 of the first clip
+    with torch.no_grad():
+        difference = (layer(changed, frames) - layer(tokens, frames)).abs().sum(-1)
+    moved = difference.view(2, frames, positions) > 1e-6
+    expected = torch.zeros(2, frames, positions, dtype=torch.bool)
+    expected[0, :, 2] = True
+    assert torch.equal(moved, expected)
+
+
+def test_an_unknown_video_attention_is_a_clear_error():
+    with pytest.raises(
+        ValueError, match="unknown video_attention 'spatial'; allowed: \\('joint', 'factorized'\\)"
+    ):
+        ShapesDiT(tiny_video_config(video_attention="spatial"))
+
+
 @pytest.mark.parametrize("num_frames, frame_patch", [(3, 2), (4, 3), (0, 1), (4, 0)])
 def test_num_frames_not_a_multiple_of_frame_patch_is_a_clear_error(num_frames, frame_patch):
     with pytest.raises(
@@ -334,6 +385,24 @@ def test_video_pretraining_writes_a_loadable_video_model(tmp_path, one_thread):
         assert torch.equal(value, other), name
     record = json.loads((tmp_path / "video" / "pretrain.json").read_text())
     assert record["config"]["world"] == "video_shapes" and record["config"]["num_frames"] == FRAMES
+
+
+def test_factorized_pretraining_saves_loadable_weights_along_the_way(tmp_path, tiny_model_dir, one_thread):
+    config = PretrainConfig(
+        world="video_shapes",
+        init_from=str(tiny_model_dir),
+        video_attention="factorized",
+        save_every=2,
+        **{**TINY_PRETRAIN, "steps": 5, "frame_patch": 1},
+    )
+    pretrain(config, tmp_path / "video")
+    assert sorted(path.name for path in (tmp_path / "video").iterdir() if path.is_dir()) == [
+        "step_000002",
+        "step_000004",
+    ]
+    for directory in (tmp_path / "video", tmp_path / "video" / "step_000002"):
+        model = load_shapes_model(str(directory))
+        assert model.is_factorized and model.config.frame_patch == 1
 
 
 def test_training_batch_renders_clips_in_model_space():

@@ -34,7 +34,10 @@ Video variant (``ShapesDiTConfig.num_frames > 1``): ``x`` is a clip
 ``[B, T, 3, H, W]``; a token is a tubelet of ``frame_patch`` frames of one
 ``patch_size``-square patch, position = learned 2-D patch embedding + learned
 frame-group embedding, and attention runs over all tokens of the clip (space
-and time jointly). :meth:`ShapesDiT.as_video` makes one from an image model.
+and time jointly; ``video_attention: joint``) or, ``factorized``, within each
+frame followed by attention across the frames of each patch position (a
+:class:`TemporalAttention` layer per block that starts as the identity).
+:meth:`ShapesDiT.as_video` makes one from an image model.
 """
 
 from __future__ import annotations
@@ -77,9 +80,11 @@ class ShapesDiTConfig:
     mean_flow: bool = False  #: predict the average velocity u(x, r, t) (a MeanFlow model)
     num_frames: int = 1  #: frames per sample: 1 = an image model, more = a video model over clips
     frame_patch: int = 1  #: frames per token (tubelet depth) of a video model
+    video_attention: str = "joint"  #: video: "joint" (space-time) or "factorized" (frame, then time)
 
 
 PREDICTIONS = ("velocity", "sample")
+VIDEO_ATTENTIONS = ("joint", "factorized")
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -123,10 +128,48 @@ class TextEncoder(nn.Module):
         return tokens, pooled
 
 
-class DiTBlock(nn.Module):
-    """adaLN-zero block: self-attention, cross-attention to text tokens, MLP."""
+class TemporalAttention(nn.Module):
+    """Attention across the frames of each patch position, ``x + W_o attn(LN(x))`` with ``W_o = 0`` at init.
 
-    def __init__(self, hidden: int, heads: int, mlp_ratio: float, text_hidden: int) -> None:
+    Tokens ``[B, T N, D]`` (frame-major) attend over their ``T`` frames at the
+    same position; the zero output projection makes a fresh layer the identity.
+    """
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(hidden, eps=1e-6)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor, frames: int) -> torch.Tensor:
+        batch, length, width = x.shape
+        positions = length // frames
+        # [B, T N, D] -> [B N, heads, T, D / heads]
+        q, k, v = (
+            part.view(batch, frames, positions, self.heads, width // self.heads)
+            .permute(0, 2, 3, 1, 4)
+            .reshape(batch * positions, self.heads, frames, width // self.heads)
+            for part in self.qkv(self.norm(x)).chunk(3, -1)
+        )
+        attended = F.scaled_dot_product_attention(q, k, v)
+        attended = attended.view(batch, positions, self.heads, frames, width // self.heads)
+        attended = attended.permute(0, 3, 1, 2, 4).reshape(batch, length, width)
+        return x + self.out(attended)
+
+
+class DiTBlock(nn.Module):
+    """adaLN-zero block: self-attention, cross-attention to text tokens, MLP.
+
+    With ``temporal`` (a factorized video model) self-attention runs within
+    each frame and a :class:`TemporalAttention` layer follows it.
+    """
+
+    def __init__(
+        self, hidden: int, heads: int, mlp_ratio: float, text_hidden: int, temporal: bool = False
+    ) -> None:
         super().__init__()
         self.heads = heads
         self.norm_self = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
@@ -146,6 +189,7 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.modulation.bias)
         nn.init.zeros_(self.cross_out.weight)
         nn.init.zeros_(self.cross_out.bias)
+        self.temporal: TemporalAttention | None = TemporalAttention(hidden, heads) if temporal else None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -156,14 +200,24 @@ class DiTBlock(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, heads * width)
 
     def forward(
-        self, x: torch.Tensor, condition: torch.Tensor, text: torch.Tensor, text_mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        condition: torch.Tensor,
+        text: torch.Tensor,
+        text_mask: torch.Tensor,
+        frames: int = 1,
     ) -> torch.Tensor:
         shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = self.modulation(condition).chunk(
             6, -1
         )
         q, k, v = self.qkv(_modulate(self.norm_self(x), shift_attn, scale_attn)).chunk(3, -1)
-        attended = F.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v))
-        x = x + gate_attn[:, None] * self.self_out(self._merge(attended))
+        if self.temporal is not None:  # within each frame: [B, T N, D] -> [B T, N, D]
+            batch, length, width = x.shape
+            q, k, v = (part.reshape(batch * frames, length // frames, width) for part in (q, k, v))
+        attended = self._merge(F.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v)))
+        x = x + gate_attn[:, None] * self.self_out(attended.reshape(x.shape))
+        if self.temporal is not None:
+            x = self.temporal(x, frames)
         key, value = self.cross_kv(text).chunk(2, -1)
         attended = F.scaled_dot_product_attention(
             self._heads(self.cross_q(self.norm_cross(x))),
@@ -190,6 +244,10 @@ class ShapesDiT(nn.Module):
             )
         if config.prediction not in PREDICTIONS:
             raise ValueError(f"unknown prediction {config.prediction!r}; allowed: {PREDICTIONS}")
+        if config.video_attention not in VIDEO_ATTENTIONS:
+            raise ValueError(
+                f"unknown video_attention {config.video_attention!r}; allowed: {VIDEO_ATTENTIONS}"
+            )
         if config.num_frames < 1 or config.frame_patch < 1 or config.num_frames % config.frame_patch:
             raise ValueError(
                 f"num_frames={config.num_frames} must be a positive multiple of frame_patch={config.frame_patch}"
@@ -214,7 +272,7 @@ class ShapesDiT(nn.Module):
         )
         self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size)
+            DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size, self.is_factorized)
             for _ in range(config.depth)
         )
         self.final_norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
@@ -235,12 +293,19 @@ class ShapesDiT(nn.Module):
         return self.config.num_frames > 1
 
     @property
+    def is_factorized(self) -> bool:
+        """A video model whose blocks attend within frames, then across frames."""
+        return self.is_video and self.config.video_attention == "factorized"
+
+    @property
     def sample_shape(self) -> tuple[int, ...]:
         """One sample's shape: ``(3, H, W)``, or ``(T, 3, H, W)`` for a video model."""
         frame = (self.config.channels, self.config.image_size, self.config.image_size)
         return (self.config.num_frames, *frame) if self.is_video else frame
 
-    def as_video(self, vocabulary: Sequence[str], num_frames: int, frame_patch: int = 1) -> ShapesDiT:
+    def as_video(
+        self, vocabulary: Sequence[str], num_frames: int, frame_patch: int = 1, attention: str = "joint"
+    ) -> ShapesDiT:
         """A video model initialised from this image model, over the word list ``vocabulary``.
 
         Shared words keep their embeddings (new words get fresh ones), every
@@ -252,6 +317,9 @@ class ShapesDiT(nn.Module):
         frame; motion and the binding of frames are what video training adds.
         With ``frame_patch > 1`` the frames of a tubelet start averaged
         (symmetric), which training must break: ``frame_patch=1`` starts exactly.
+        With ``attention="factorized"`` self-attention stays within each frame
+        and the new temporal layers start as the identity, so the video model
+        starts as the image model applied to every frame of any clip.
         """
         if self.is_video:
             raise ValueError("this model is already a video model")
@@ -261,6 +329,7 @@ class ShapesDiT(nn.Module):
                 "vocabulary": list(vocabulary),
                 "num_frames": num_frames,
                 "frame_patch": frame_patch,
+                "video_attention": attention,
             }
         )
         video = ShapesDiT(config)
@@ -275,7 +344,8 @@ class ShapesDiT(nn.Module):
         state["final_linear.weight"] = state["final_linear.weight"].repeat(frame_patch, 1)
         state["final_linear.bias"] = state["final_linear.bias"].repeat(frame_patch)
         state["frame_embedding"] = torch.zeros_like(video.frame_embedding)
-        video.load_state_dict(state)
+        fresh = {name: value for name, value in video.state_dict().items() if ".temporal." in name}
+        video.load_state_dict({**state, **fresh})
         return video.to(self.position_embedding.device)
 
     def as_mean_flow(self) -> ShapesDiT:
@@ -338,8 +408,9 @@ class ShapesDiT(nn.Module):
         if self.frame_embedding is not None:
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
         tokens = self.patch_embed(self._patchify(x)) + position
+        frames = self.config.num_frames // self.config.frame_patch
         for block in self.blocks:
-            tokens = block(tokens, condition, text, mask)
+            tokens = block(tokens, condition, text, mask, frames)
         shift, scale = self.final_modulation(condition).chunk(2, -1)
         head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
         if self.config.prediction == "velocity":

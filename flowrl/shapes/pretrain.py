@@ -37,6 +37,7 @@ run is reproducible on the same machine and thread count.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.render import render_prompt
 from flowrl.video_shapes import grammar as video_grammar
 from flowrl.video_shapes.render import render_clip
-from samplers import induced_velocity
+from samplers import induced_velocity, interval_pairs
 
 
 @dataclass
@@ -88,6 +89,10 @@ class PretrainConfig:
     world: str = "shapes"  #: "shapes" (images) or "video_shapes" (moving-shapes clips)
     num_frames: int = 8  #: video_shapes: frames per clip
     frame_patch: int = 1  #: video_shapes: frames per token (tubelet depth)
+    video_attention: str = (
+        "joint"  #: video_shapes: "joint" space-time attention or "factorized" (frame, then time)
+    )
+    save_every: int = 0  #: also save the EMA weights every this many steps (0: only at the end)
 
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")
@@ -108,13 +113,9 @@ def sample_intervals(batch_size: int, config: PretrainConfig) -> tuple[torch.Ten
     """MeanFlow's ``(t, r)``: the larger and smaller of two time draws, then ``r = t`` for a share
     ``meanflow_equal_share`` of the rows and ``r = 0`` for a share ``meanflow_zero_share``."""
     first, second = sample_times(batch_size, config), sample_times(batch_size, config)
-    t, r = torch.maximum(first, second), torch.minimum(first, second)
-    kind = torch.rand(batch_size)
-    r = torch.where(kind < config.meanflow_equal_share, t, r)
-    zero = (kind >= config.meanflow_equal_share) & (
-        kind < config.meanflow_equal_share + config.meanflow_zero_share
+    return interval_pairs(
+        first, second, torch.rand(batch_size), config.meanflow_equal_share, config.meanflow_zero_share
     )
-    return t, torch.where(zero, torch.zeros_like(r), r)
 
 
 def meanflow_loss(
@@ -184,7 +185,9 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
                 f"frame_patch={config.frame_patch}"
             )
         if video and not model.is_video:
-            model = model.as_video(video_grammar.vocabulary(), config.num_frames, config.frame_patch)
+            model = model.as_video(
+                video_grammar.vocabulary(), config.num_frames, config.frame_patch, config.video_attention
+            )
         if meanflow and not model.config.mean_flow:
             model = model.as_mean_flow()
         return model
@@ -201,8 +204,20 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             mean_flow=meanflow,
             num_frames=config.num_frames if video else 1,
             frame_patch=config.frame_patch if video else 1,
+            video_attention=config.video_attention,
         )
     )
+
+
+def save_model_atomically(model: ShapesDiT, directory: Path) -> None:
+    """Save ``model`` to ``directory`` through a temporary sibling and a rename (never half-written)."""
+    temporary = directory.with_name(directory.name + ".tmp")
+    if temporary.exists():
+        shutil.rmtree(temporary)
+    model.save_pretrained(temporary)
+    if directory.exists():
+        shutil.rmtree(directory)
+    temporary.rename(directory)
 
 
 def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
@@ -255,6 +270,8 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
         losses.append(loss.item())
         if step % 10 == 0:
             progress.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < config.steps:
+            save_model_atomically(ema, output_dir / f"step_{step + 1:06d}")
     ema.save_pretrained(output_dir)
     record = {
         "config": asdict(config),
