@@ -123,7 +123,10 @@ class AlgorithmConfig:
     old_delay_steps: int = field(default=20, metadata=_at_least(0))
     # --- meanflow_nft: how d/dt u is taken and which interval [r, t] is trained
     meanflow_derivative: str = field(default="jvp", metadata=_choice("jvp", "central"))
-    meanflow_interval: str = field(default="grid", metadata=_choice("grid", "equal", "uniform"))
+    meanflow_interval: str = field(default="pairs", metadata=_choice("pairs", "grid", "equal", "uniform"))
+    #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws, DESIGN.md section 6)
+    meanflow_equal_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    meanflow_zero_share: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0})
     # --- crd: reward matching, the KL anchor to the CFG-guided base, and the decoupled sampler
     crd_loss: str = field(default="squared", metadata=_choice("squared", "logistic"))
     #: beta of ``beta * l_theta`` matched to the centred optimality probability
@@ -481,6 +484,13 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     _check_grpo(config)
     _check_crd(config)
+    shares = config.algorithm.meanflow_equal_share + config.algorithm.meanflow_zero_share
+    if config.algorithm.meanflow_interval == "pairs" and shares > 1:
+        raise ConfigError(
+            f"algorithm.meanflow_equal_share={config.algorithm.meanflow_equal_share} + "
+            f"algorithm.meanflow_zero_share={config.algorithm.meanflow_zero_share} = {shares:g} is not allowed; "
+            "the two shares of rows must sum to at most 1"
+        )
     if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
         raise ConfigError(
             f"algorithm.train_timesteps={config.algorithm.train_timesteps} is more than the "

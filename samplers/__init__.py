@@ -6,7 +6,7 @@ returns a :class:`Rollout` (or a :class:`TreeRollout`).
 
 from samplers.cfg import guided_average_velocity, guided_velocity
 from samplers.conditioning import broadcast_rows, concat_rows, num_rows, select_rows
-from samplers.meanflow import induced_velocity, meanflow_sample
+from samplers.meanflow import induced_velocity, interval_pairs, meanflow_sample
 from samplers.ode import dpm_solver_2m, euler, heun
 from samplers.rollout import AverageVelocityFn, Rollout, TreeRollout, VelocityFn
 from samplers.schedules import shift_time, timesteps
@@ -39,6 +39,7 @@ __all__ = [
     "guided_velocity",
     "heun",
     "induced_velocity",
+    "interval_pairs",
     "meanflow_sample",
     "num_rows",
     "sde_sample",

@@ -18,6 +18,21 @@ from samplers.rollout import AverageVelocityFn, Rollout
 INDUCED_METHODS = ("jvp", "central")
 
 
+def interval_pairs(
+    first: torch.Tensor, second: torch.Tensor, kind: torch.Tensor, equal_share: float, zero_share: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MeanFlow's ``(t, r)`` from two time draws and a ``U(0, 1)`` draw ``kind`` per row.
+
+    ``t = max(first, second)``, ``r = min(first, second)``; then ``r = t``
+    where ``kind < equal_share`` (plain flow matching) and ``r = 0`` where
+    ``equal_share <= kind < equal_share + zero_share`` (one-step jumps).
+    """
+    t, r = torch.maximum(first, second), torch.minimum(first, second)
+    r = torch.where(kind < equal_share, t, r)
+    zero = (kind >= equal_share) & (kind < equal_share + zero_share)
+    return t, torch.where(zero, torch.zeros_like(r), r)
+
+
 @torch.no_grad()
 def meanflow_sample(
     average_velocity: AverageVelocityFn,

@@ -168,6 +168,36 @@ def test_meanflow_nft_trains_the_intervals_of_the_few_step_sampler():
     assert (uniform <= t).all() and (uniform >= 0).all()
 
 
+def test_meanflow_nft_pairs_draw_meanflow_intervals_with_their_shares():
+    from flowrl.algorithms.meanflow_nft import MeanFlowNFT
+    from flowrl.config import ConfigError, load_config
+
+    overrides = [
+        "algorithm.name=meanflow_nft",
+        "algorithm.meanflow_interval=pairs",
+        "algorithm.meanflow_equal_share=0.3",
+        "algorithm.meanflow_zero_share=0.2",
+        "algorithm.train_timesteps=2",
+    ]
+    algorithm = MeanFlowNFT(load_config("configs/shapes_nft.yaml", overrides))
+    grid = torch.linspace(1, 0, 5)
+    draws = algorithm.draw(torch.Generator().manual_seed(0), 4000, (3, 2, 2), grid, step=1)
+    t, r = draws["t"], draws["r"]
+    assert t.shape == r.shape == (2, 4000) and draws["noise"].shape == (2, 4000, 3, 2, 2)
+    assert (r <= t).all() and (r >= 0).all() and (t <= 1).all()
+    assert (r == t).float().mean() == pytest.approx(0.3, abs=0.03)
+    assert (r == 0).float().mean() == pytest.approx(0.2, abs=0.03)
+    assert t.mean() == pytest.approx(2 / 3, abs=0.02)  # the larger of two U(0, 1) draws, not grid times
+    assert not torch.isin(t, grid).all()
+    with pytest.raises(
+        ConfigError, match="meanflow_equal_share=0.8 \\+ algorithm.meanflow_zero_share=0.3 = 1.1"
+    ):
+        load_config(
+            "configs/shapes_nft.yaml",
+            [*overrides[:2], "algorithm.meanflow_equal_share=0.8", "algorithm.meanflow_zero_share=0.3"],
+        )
+
+
 def test_meanflow_nft_runs_in_the_trainer_and_resumes_exactly(tiny_model, tmp_path):
     from flowrl.checkpoint import read_checkpoint
     from flowrl.config import load_config

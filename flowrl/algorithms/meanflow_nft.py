@@ -15,10 +15,21 @@ through the trained network). The reference term compares average
 velocities, ``lambda ||u_theta - u_ref||²``. At ``r = t`` everything is
 DiffusionNFT's.
 
-``(t, r)``: ``t`` as DiffusionNFT draws it (rollout grid or sampled); ``r``
-the next time of the rollout grid after ``t`` (``meanflow_interval: grid``,
-the interval the few-step sampler uses), ``t`` itself (``equal``), or
-uniform in ``[0, t]`` (``uniform``). Rollouts: the average-velocity sampler
+``(t, r)`` (``meanflow_interval``): MeanFlow's own pairs (``pairs``, the
+default: ``t, r`` the larger and smaller of two ``U(0, 1)`` draws, with
+shares ``meanflow_equal_share`` at ``r = t`` and ``meanflow_zero_share`` at
+``r = 0``); or ``t`` as DiffusionNFT draws it (rollout grid or sampled) and
+``r`` the next time of the rollout grid (``grid``, the intervals the
+few-step sampler takes), ``t`` itself (``equal``) or ``U(0, t)``
+(``uniform``).
+
+Why the shares matter, for a sample-predicting model ``u = (x_t - h) / t``
+(``h`` its endpoint estimate): the x0-space error of the induced velocity is
+``x_t - t V - x0 = (r / t)(h - x0) + (t - r) dh/dt``, so only rows with ``r``
+near ``t`` regress ``h`` onto the rewarded sample; an ``r = 0`` row sees the
+sample only through the tangent of ``dh/dt``. Trained on the sampler's
+intervals alone (``grid``) the shapes MeanFlow model lost held-out score;
+``pairs`` keeps it (README, MeanFlowNFT). Rollouts: the average-velocity sampler
 on the rollout grid (``sampler.num_steps``, typically 4), CFG-free.
 """
 
@@ -31,7 +42,7 @@ import torch
 from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, weighted_mean
 from flowrl.algorithms.nft import DiffusionNFT, nft_loss, noised_samples, optimality_probability, pixel_mean
 from flowrl.config import TrainConfig
-from samplers import VelocityFn, induced_velocity, meanflow_sample
+from samplers import VelocityFn, induced_velocity, interval_pairs, meanflow_sample
 
 
 def interval_starts(
@@ -78,7 +89,17 @@ class MeanFlowNFT(DiffusionNFT):
         step: int,
     ) -> dict[str, torch.Tensor]:
         draws = super().draw(generator, num_samples, sample_shape, grid, step)
-        draws["r"] = interval_starts(draws["t"], grid, self.interval, generator)
+        if self.interval == "pairs":
+            shape = draws["t"].shape
+            draws["t"], draws["r"] = interval_pairs(
+                torch.rand(shape, generator=generator),
+                torch.rand(shape, generator=generator),
+                torch.rand(shape, generator=generator),
+                self.config.meanflow_equal_share,
+                self.config.meanflow_zero_share,
+            )
+        else:
+            draws["r"] = interval_starts(draws["t"], grid, self.interval, generator)
         return draws
 
     def loss(
