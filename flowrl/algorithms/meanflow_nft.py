@@ -29,7 +29,7 @@ Why the shares matter, for a sample-predicting model ``u = (x_t - h) / t``
 near ``t`` regress ``h`` onto the rewarded sample; an ``r = 0`` row sees the
 sample only through the tangent of ``dh/dt``. Trained on the sampler's
 intervals alone (``grid``) the shapes MeanFlow model lost held-out score;
-``pairs`` keeps it (README, MeanFlowNFT). Rollouts: the average-velocity sampler
+``pairs`` keeps it roughly, without lifting it (README, MeanFlowNFT). Rollouts: the average-velocity sampler
 on the rollout grid (``sampler.num_steps``, typically 4), CFG-free.
 """
 
