@@ -751,3 +751,12 @@ def test_the_ground_truth_sampler_renders_each_prompt_and_seed():
     np.testing.assert_array_equal(
         clips[0].movedim(-3, -1).numpy(), render_clip(record, np.random.default_rng(3), FRAMES)
     )
+
+
+def test_the_shipped_video_model_is_factorized_and_draws_clips():
+    model = load_shapes_model("shapes-video")
+    assert model.is_factorized and model.config.num_frames == 8
+    clips = generate(model, ["a red circle moving left"], [0], num_steps=10)
+    assert clips.shape == (1, 8, 3, 32, 32) and torch.isfinite(clips).all()
+    red, blue = clips[0, :, 0].amax(dim=(1, 2)), clips[0, :, 2].amax(dim=(1, 2))
+    assert (red > 0.8).all() and (blue < 0.4).all()  # a red object in every frame, nothing blue
