@@ -1,10 +1,10 @@
 """``python -m app [RUN_DIR or checkpoint] [--base ...] [--runs ...] [--host ...] [--port ...] [--share]``.
 
-The same as ``flowrl demo`` (whose parser it uses).
+The same as ``flowrl demo`` (both use :mod:`app.cli`).
 """
 
 import sys
 
-from flowrl.cli import main
+from app.cli import main
 
-sys.exit(main(["demo", *sys.argv[1:]]))
+sys.exit(main())

@@ -11,14 +11,14 @@ from dataclasses import fields
 from functools import partial
 from pathlib import Path
 
-import torch
 import yaml
 
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.grid import save_grid
 from flowrl.models import load_shapes_model
-from flowrl.shapes.pretrain import PretrainConfig, pretrain
+from flowrl.models.dtypes import DTYPES
+from flowrl.pretrain import PretrainConfig, pretrain
 from flowrl.worlds import get_world
 from rewards import build_reward, describe_rewards
 
@@ -62,9 +62,6 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
 def _parse_settings(pairs: list[str]) -> dict[str, object]:
     """``["key=value", ...]`` to a dict; values are read as YAML scalars (numbers, booleans, strings).
 
@@ -105,10 +102,10 @@ def _train(args: argparse.Namespace) -> None:
     train(load_config(args.config, args.overrides))
 
 
-def _demo(args: argparse.Namespace) -> None:
-    from app.app import launch
+def _demo(args: argparse.Namespace) -> int:
+    from app.cli import main as demo_main  # the app builds on flowrl: imported only when the command runs
 
-    launch(args.tuned, args.base, args.runs, args.host, args.port, args.share)
+    return demo_main(args.arguments, prog="flowrl demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,21 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
 
     demo = commands.add_parser(
-        "demo", help="Gradio app: base vs tuned model side by side, with their rewards"
+        "demo",
+        add_help=False,
+        help="Gradio app: base vs tuned model side by side, with their rewards (flowrl demo --help)",
     )
-    demo.add_argument(
-        "tuned",
-        nargs="?",
-        default=None,
-        help="run directory, checkpoint or model directory (default: newest run)",
-    )
-    demo.add_argument("--base", default="shapes-base", help="shipped model name or model directory")
-    demo.add_argument("--runs", default="runs", help="directory whose runs the run selector lists")
-    demo.add_argument(
-        "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"
-    )
-    demo.add_argument("--port", type=int, default=None, help="port (default: 7860, or the next free one)")
-    demo.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    demo.add_argument("arguments", nargs=argparse.REMAINDER, help="the app's arguments (app/cli.py)")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -195,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run a ``flowrl`` subcommand; bad input is one line on stderr and exit status 2."""
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        status = args.run(args)
     except (ValueError, FileNotFoundError) as error:
         print(f"flowrl {args.command}: error: {error}", file=sys.stderr)
         return 2
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

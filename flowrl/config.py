@@ -7,6 +7,14 @@ relative to it; later entries and the file itself win, mappings merge key by
 key). Command-line overrides are ``section.key=value`` with ``value`` read as
 YAML (``training.steps=50``, ``evaluation.guidance_scales=[1,3]``).
 
+The ``algorithm`` and ``model`` sections belong to their algorithm and
+backend: ``algorithm.name`` picks a registered algorithm
+(:mod:`flowrl.algorithms`) and ``model.backend`` a registered backend
+(:mod:`flowrl.models`), and each brings its own config dataclass and
+``check``. A key the chosen one does not have is an error. When a file
+changes ``algorithm.name`` (or ``model.backend``) from the file it extends,
+that section starts fresh instead of merging the other algorithm's keys.
+
 Built on dataclasses and PyYAML rather than a config library: the schema is
 the code, type checks and messages are ours (every error names the key, the
 value and what is allowed), and it adds no dependency. Everything is checked
@@ -17,61 +25,21 @@ by :func:`load_config` before any model loads; what needs the process count
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from flowrl.algorithms import AlgorithmConfig, algorithm_entry
+from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.config_schema import ConfigError, build_section
+from flowrl.config_schema import at_least as _at_least
+from flowrl.config_schema import choice as _choice
 from flowrl.learning_rate import LR_SCHEDULES
+from flowrl.models import ShapesModelConfig, backend_class
 
-
-def _choice(*allowed: Any) -> dict[str, Any]:
-    return {"choices": allowed}
-
-
-def _at_least(minimum: float, strict: bool = False) -> dict[str, Any]:
-    return {"min": minimum, "strict": strict}
-
-
-@dataclass
-class ModelConfig:
-    """The policy backend and its model (one flat section; each key says which backends read it).
-
-    ``shapes``: a shipped shapes model name (``shapes-base``) or a saved
-    ShapesDiT directory, fully fine-tuned. ``sd3`` (SD3/SD3.5), ``flux``
-    (FLUX.1) and ``wan`` (Wan 2.1 text-to-video): a diffusers
-    ``from_pretrained`` id (read from the local HF cache when offline) or
-    pipeline directory, trained through peft LoRA adapters (``lora_rank: 0``
-    = full fine-tuning of the transformer).
-    """
-
-    name: str = "shapes-base"
-    backend: str = field(default="shapes", metadata=_choice("shapes", "sd3", "flux", "wan"))
-    #: the frozen weights' dtype (sd3, flux, wan); trainable LoRA weights stay float32
-    dtype: str = field(default="float32", metadata=_choice("float32", "bfloat16", "float16"))
-    # --- sd3, flux, wan
-    height: int = field(default=512, metadata=_at_least(16))
-    width: int = field(default=512, metadata=_at_least(16))
-    #: wan: frames per clip, 4k+1 (the VAE folds 4 frames into a latent after the first; 1 = single frames)
-    num_frames: int = field(default=81, metadata=_at_least(1))
-    #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX and Wan)
-    max_sequence_length: int | None = field(default=None, metadata=_at_least(1))
-    #: FLUX.1-dev's embedded guidance value (models without a guidance input ignore it)
-    guidance: float = field(default=3.5, metadata=_at_least(0.0))
-    lora_rank: int = field(default=32, metadata=_at_least(0))
-    lora_alpha: float = field(default=64.0, metadata=_at_least(0.0, strict=True))
-    #: module name suffixes to adapt (empty = the attention projections of every block)
-    lora_target_modules: list[str] = field(default_factory=list)
-    gradient_checkpointing: bool = False
-    #: a diffusers attention backend (``native`` = PyTorch SDPA, ``xformers``, ``flash``, ...); None = default
-    attention_backend: str | None = None
-    #: ``torch.compile`` the transformer
-    compile: bool = False
-    #: keep the text encoders on the CPU between prompt encodings
-    offload_text_encoders: bool = True
+__all__ = ["ConfigError", "TrainConfig", "apply_overrides", "build_config", "load_config"]
 
 
 @dataclass
@@ -87,97 +55,6 @@ class SamplerConfig:
     #: GRPO's guided training, CRD's anchor); "" = the empty prompt. Diffusers backends only: the shapes
     #: models were trained to drop their prompt to "" alone.
     negative_prompt: str = ""
-
-
-@dataclass
-class AlgorithmConfig:
-    """The RL algorithm and its settings (one flat section; each key says which algorithms read it).
-
-    ``nft``: DiffusionNFT (:mod:`flowrl.algorithms.nft`); ``meanflow_nft``:
-    MeanFlowNFT for MeanFlow models (:mod:`flowrl.algorithms.meanflow_nft`,
-    the nft keys plus ``meanflow_*``); ``crd``: centered
-    reward distillation (:mod:`flowrl.algorithms.crd`; it also reads the nft
-    keys for its timesteps, adaptive weighting and old-model schedule);
-    ``flow_grpo``: Flow-GRPO and ``branch_grpo``: BranchGRPO
-    (:mod:`flowrl.algorithms.grpo`).
-    """
-
-    name: str = field(
-        default="nft", metadata=_choice("nft", "crd", "meanflow_nft", "flow_grpo", "branch_grpo")
-    )
-    # --- all: group advantages
-    advantage_clip: float = field(default=5.0, metadata=_at_least(0.0, strict=True))
-    std_scope: str = field(default="batch", metadata=_choice("batch", "group"))
-    # --- nft
-    beta: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
-    timesteps: str = field(default="grid", metadata=_choice("grid", "sampled"))
-    train_timesteps: int = field(default=4, metadata=_at_least(1))
-    reference_weight: float = field(default=1e-4, metadata=_at_least(0.0))
-    adaptive_weighting: bool = True
-    old_update: str = field(default="soft", metadata=_choice("soft", "hard", "delayed"))
-    #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * steps, old_decay_max)``
-    old_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    old_decay_rate: float = field(default=0.001, metadata=_at_least(0.0))
-    old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
-    old_update_every: int = field(default=10, metadata=_at_least(1))
-    old_delay_steps: int = field(default=20, metadata=_at_least(0))
-    # --- meanflow_nft: how d/dt u is taken and which interval [r, t] is trained
-    meanflow_derivative: str = field(default="jvp", metadata=_choice("jvp", "central"))
-    meanflow_interval: str = field(default="pairs", metadata=_choice("pairs", "grid", "equal", "uniform"))
-    #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws, DESIGN.md section 6)
-    meanflow_equal_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
-    meanflow_zero_share: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0})
-    # --- crd: reward matching, the KL anchor to the CFG-guided base, and the decoupled sampler
-    crd_loss: str = field(default="squared", metadata=_choice("squared", "logistic"))
-    #: beta of ``beta * l_theta`` matched to the centred optimality probability
-    crd_beta: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
-    anchor_weight: float = field(default=0.1, metadata=_at_least(0.0))
-    #: the anchor's reference velocity is the base model's CFG mix at this guidance scale
-    anchor_guidance: float = field(default=4.5, metadata=_at_least(1.0))
-    #: reward-adaptive strength ``floor + (1 - floor) r`` per sample (r: optimality probability)
-    anchor_adaptive: bool = True
-    anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
-    #: the strength's schedule: factor 1 at step 0 moving linearly to ``anchor_schedule_end`` over
-    #: ``anchor_schedule_steps`` steps (0 = constant)
-    anchor_schedule_end: float = field(default=1.0, metadata=_at_least(0.0))
-    anchor_schedule_steps: int = field(default=0, metadata=_at_least(0))
-    #: the sampler: frozen (the base) for ``sampler_delay_steps``, then
-    #: ``theta_s <- eta theta_s + (1 - eta) theta`` with ``eta = min(start + rate * (step - delay), max)``
-    sampler_delay_steps: int = field(default=75, metadata=_at_least(0))
-    sampler_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    sampler_decay_rate: float = field(default=0.0075, metadata=_at_least(0.0))
-    sampler_decay_max: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
-    # --- flow_grpo, branch_grpo: the SDE, the clipped ratio and the KL to the reference
-    clip_range: float = field(default=1e-4, metadata=_at_least(0.0, strict=True))
-    kl_weight: float = field(default=0.04, metadata=_at_least(0.0))
-    noise_level: float = field(default=0.7, metadata=_at_least(0.0, strict=True))
-    sde_variant: str = field(default="flow", metadata=_choice("flow", "cps"))
-    #: steps ``[start, start + size)`` are stochastic (0 = all but the last); with ``sde_window_slide``
-    #: the window moves ``sde_window_stride`` steps every ``sde_window_every`` iterations (MixGRPO)
-    sde_window_size: int = field(default=0, metadata=_at_least(0))
-    sde_window_start: int = field(default=0, metadata=_at_least(0))
-    sde_window_slide: bool = False
-    sde_window_stride: int = field(default=1, metadata=_at_least(1))
-    sde_window_every: int = field(default=1, metadata=_at_least(1))
-    # --- flow_grpo
-    #: share of each sample's stochastic steps trained per iteration (a random subset per sample)
-    timestep_fraction: float = field(default=1.0, metadata={"min": 0.0, "strict": True, "max": 1.0})
-    #: train the CFG-guided velocity (sampler.guidance_scale) with the unconditional branch detached
-    train_guidance: bool = False
-    same_group_noise: bool = False
-    drop_zero_std_groups: bool = False
-    # --- branch_grpo: the tree, node rewards and pruning
-    split_steps: list[int] = field(default_factory=lambda: [0, 2, 4])
-    branching: int = field(default=2, metadata=_at_least(2))
-    split_noise_level: float | None = None
-    node_reward: str = field(default="mean", metadata=_choice("mean", "fusion"))
-    #: depth pruning: train only edges into depths ``[depth_window_start, +size)`` (0 = all depths),
-    #: sliding by one depth per iteration with ``depth_window_slide``
-    depth_window_size: int = field(default=0, metadata=_at_least(0))
-    depth_window_start: int = field(default=0, metadata=_at_least(0))
-    depth_window_slide: bool = False
-    #: width pruning: per tree and depth keep only the best and worst quarter of nodes by advantage
-    width_pruning: bool = False
 
 
 @dataclass
@@ -256,11 +133,13 @@ class EvaluationConfig:
 class TrainConfig:
     """A whole training run."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    #: the backend's own config dataclass (:mod:`flowrl.models`), chosen by ``model.backend``
+    model: Any = field(default_factory=ShapesModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     rewards: dict[str, Any] = field(default_factory=lambda: {"shapes_verifier": 1.0})
     reward_aggregation: str = field(default="sum", metadata=_choice("sum", "gdpo"))
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    #: the algorithm's own config dataclass (:mod:`flowrl.algorithms`), chosen by ``algorithm.name``
+    algorithm: AlgorithmConfig = field(default_factory=NFTConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -307,19 +186,29 @@ class TrainConfig:
 WORLD_OF_PROMPTS: dict[str, str] = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}
 
 
-class ConfigError(ValueError):
-    """A config value that is not allowed; the message names the key, the value and what is allowed."""
-
-
 # --- loading ------------------------------------------------------------------------------------
 
 
+#: sections whose selector key picks their schema: a change of selector starts the section afresh
+SELECTORS = {"algorithm": "name", "model": "backend"}
+
+
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Recursive merge: mappings merge key by key, anything else in ``update`` replaces."""
+    """Recursive merge: mappings merge key by key, anything else in ``update`` replaces; an ``algorithm``
+    (``model``) section naming another algorithm (backend) than ``base`` replaces it whole."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "rewards":
-            merged[key] = _merge(merged[key], value)
+        old = merged.get(key)
+        selector = SELECTORS.get(key)
+        changed = (
+            selector is not None
+            and isinstance(old, dict)
+            and isinstance(value, dict)
+            and selector in value
+            and value[selector] != old.get(selector, value[selector])
+        )
+        if isinstance(value, dict) and isinstance(old, dict) and key != "rewards" and not changed:
+            merged[key] = _merge(old, value)
         else:
             merged[key] = value
     return merged
@@ -368,77 +257,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def build_config(data: dict[str, Any]) -> TrainConfig:
     """Check a raw mapping against the schema and build the config (errors name the key)."""
-    config = _build(TrainConfig, data, "")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {data!r}")
+    data = dict(data)
+    sections = {key: data.pop(key, None) or {} for key in SELECTORS}
+    for key, section in sections.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"{key} must be a mapping, got {section!r}")
+    config = build_section(TrainConfig, data, "")
+    algorithm = algorithm_entry(sections["algorithm"].get("name", "nft"))
+    config.algorithm = build_section(algorithm.config, sections["algorithm"], "algorithm.")
+    backend = backend_class(sections["model"].get("backend", "shapes"))
+    config.model = build_section(backend.config_class, sections["model"], "model.")
     _check_cross_fields(config)
     return config
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]}; allowed under {prefix.rstrip('.') or 'the top level'}: "
-            f"{sorted(known)}"
-        )
-    values = {}
-    for name, value in data.items():
-        key = f"{prefix}{name}"
-        kind = hints[name]
-        if dataclasses.is_dataclass(kind):
-            values[name] = _build(kind, value, f"{key}.")
-        else:
-            values[name] = _check_value(key, value, kind, known[name].metadata)
-    return cls(**values)
-
-
-def _check_value(key: str, value: Any, kind: Any, rules: typing.Mapping[str, Any]) -> Any:
-    value = _coerce(key, value, kind)
-    if "choices" in rules and value not in rules["choices"]:
-        raise ConfigError(f"{key}={value!r} is not allowed; allowed: {list(rules['choices'])}")
-    if "min" in rules:
-        low, strict = rules["min"], rules.get("strict", False)
-        if value < low or (strict and value == low):
-            raise ConfigError(f"{key}={value!r} is not allowed; it must be {'>' if strict else '>='} {low}")
-    if "max" in rules and value > rules["max"]:
-        raise ConfigError(f"{key}={value!r} is not allowed; it must be <= {rules['max']}")
-    return value
-
-
-def _coerce(key: str, value: Any, kind: Any) -> Any:
-    """``value`` as ``kind`` (int accepted for float; ``X | None`` accepts None), else a ConfigError."""
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(kind)
-        if value is None and type(None) in options:
-            return None
-        return _coerce(key, value, next(option for option in options if option is not type(None)))
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}={value!r} is not allowed; expected a list")
-        (item,) = typing.get_args(kind)
-        return [_coerce(f"{key}[{index}]", element, item) for index, element in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}={value!r} is not allowed; expected a mapping")
-        return dict(value)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is float and isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-4" (no dot) as a string
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r} is not allowed; expected a number") from None
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r} is not allowed; expected true or false")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key}={value!r} is not allowed; expected an integer")
-    if not isinstance(value, kind):
-        raise ConfigError(f"{key}={value!r} is not allowed; expected {kind.__name__}")
-    return value
 
 
 def _check_cross_fields(config: TrainConfig) -> None:
@@ -468,128 +300,5 @@ def _check_cross_fields(config: TrainConfig) -> None:
             f"evaluation.world={config.evaluation.world!r} does not match data.prompts={prompts!r} "
             f"(prompts of the {implied!r} world); set evaluation.world={implied} or leave it unset"
         )
-    _check_model(config.model)
-    if config.model.backend == "shapes" and config.sampler.negative_prompt:
-        raise ConfigError(
-            f"sampler.negative_prompt={config.sampler.negative_prompt!r} is not allowed for the shapes backend; "
-            "its CFG guides against the empty prompt it was trained to drop to (allowed: '')"
-        )
-    if config.model.backend != "shapes" and (
-        config.evaluation.guidance_scales or config.evaluation.base_guidance_scales
-    ):
-        raise ConfigError(
-            f"evaluation.guidance_scales={config.evaluation.guidance_scales} and evaluation.base_guidance_scales="
-            f"{config.evaluation.base_guidance_scales}: the held-out evaluation renders a shapes world and runs "
-            f"on shapes models only; set both to [] for model.backend={config.model.backend!r}"
-        )
-    _check_grpo(config)
-    _check_crd(config)
-    shares = config.algorithm.meanflow_equal_share + config.algorithm.meanflow_zero_share
-    if config.algorithm.meanflow_interval == "pairs" and shares > 1:
-        raise ConfigError(
-            f"algorithm.meanflow_equal_share={config.algorithm.meanflow_equal_share} + "
-            f"algorithm.meanflow_zero_share={config.algorithm.meanflow_zero_share} = {shares:g} is not allowed; "
-            "the two shares of rows must sum to at most 1"
-        )
-    if config.algorithm.timesteps == "grid" and config.algorithm.train_timesteps > config.sampler.num_steps:
-        raise ConfigError(
-            f"algorithm.train_timesteps={config.algorithm.train_timesteps} is more than the "
-            f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
-            "lower it or use algorithm.timesteps=sampled"
-        )
-
-
-def _check_model(model: ModelConfig) -> None:
-    """Backend-specific model settings."""
-    if model.backend == "shapes":
-        if model.dtype != "float32":
-            raise ConfigError(
-                f"model.dtype={model.dtype!r} is not allowed for the shapes backend; it trains in float32 only"
-            )
-        return
-    if model.name == "shapes-base":
-        raise ConfigError(
-            f"model.name='shapes-base' is not allowed for model.backend={model.backend!r}; give a diffusers "
-            "pipeline id (e.g. stabilityai/stable-diffusion-3.5-medium) or directory"
-        )
-    if model.backend == "wan":
-        from flowrl.models.wan import check_num_frames
-
-        try:
-            check_num_frames(model.num_frames)
-        except ValueError as error:
-            raise ConfigError(f"model.{error}") from error
-    for key in ("height", "width"):
-        if getattr(model, key) % 16:
-            raise ConfigError(
-                f"model.{key}={getattr(model, key)} is not allowed; it must be a multiple of 16 "
-                "(VAE downsampling x latent packing)"
-            )
-    if model.attention_backend is not None:
-        from diffusers.models.attention_dispatch import AttentionBackendName
-
-        allowed = [backend.value for backend in AttentionBackendName]
-        if model.attention_backend not in allowed:
-            raise ConfigError(
-                f"model.attention_backend={model.attention_backend!r} is not allowed; allowed: {allowed}"
-            )
-
-
-def _check_crd(config: TrainConfig) -> None:
-    """CRD centres within prompt groups: a micro-batch must hold whole groups."""
-    if config.algorithm.name == "crd" and config.training.micro_batch_size % config.training.group_size:
-        raise ConfigError(
-            f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must be a "
-            f"multiple of training.group_size={config.training.group_size} (the loss centres within whole groups)"
-        )
-
-
-def _check_grpo(config: TrainConfig) -> None:
-    """The SDE window, the tree shape and the group size agree with the sampler's step count."""
-    algorithm, steps = config.algorithm, config.sampler.num_steps
-    if algorithm.name not in ("flow_grpo", "branch_grpo"):
-        return
-    if steps < 2:
-        raise ConfigError(f"sampler.num_steps={steps} is not allowed for {algorithm.name}; it needs >= 2")
-    if algorithm.sde_window_size and (
-        algorithm.sde_window_size > steps - 1
-        or (
-            not algorithm.sde_window_slide
-            and algorithm.sde_window_start + algorithm.sde_window_size > steps - 1
-        )
-    ):
-        raise ConfigError(
-            f"algorithm.sde_window_start={algorithm.sde_window_start} + sde_window_size="
-            f"{algorithm.sde_window_size} is not allowed; the window must lie in the first {steps - 1} steps "
-            f"(sampler.num_steps={steps}; the last step is deterministic)"
-        )
-    if algorithm.name == "flow_grpo":
-        if algorithm.same_group_noise and config.training.micro_batch_size % config.training.group_size:
-            raise ConfigError(
-                f"training.micro_batch_size={config.training.micro_batch_size} is not allowed with "
-                f"algorithm.same_group_noise; it must be a multiple of group_size={config.training.group_size}"
-            )
-        return
-    bad = [split for split in algorithm.split_steps if not 0 <= split < steps - 1]
-    if bad or not algorithm.split_steps or len(set(algorithm.split_steps)) != len(algorithm.split_steps):
-        raise ConfigError(
-            f"algorithm.split_steps={algorithm.split_steps} is not allowed; give distinct steps in "
-            f"[0, {steps - 2}] (sampler.num_steps={steps}; the last step is deterministic)"
-        )
-    leaves = algorithm.branching ** len(algorithm.split_steps)
-    if config.training.group_size != leaves:
-        raise ConfigError(
-            f"training.group_size={config.training.group_size} is not allowed for branch_grpo; it must equal "
-            f"branching ** len(split_steps) = {algorithm.branching} ** {len(algorithm.split_steps)} = {leaves} "
-            "(the leaves of one tree)"
-        )
-    if config.training.micro_batch_size % leaves:
-        raise ConfigError(
-            f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for branch_grpo; "
-            f"it must be a multiple of the {leaves} leaves of a tree (rollouts are whole trees)"
-        )
-    if algorithm.depth_window_size and algorithm.depth_window_size > steps - 1:
-        raise ConfigError(
-            f"algorithm.depth_window_size={algorithm.depth_window_size} is not allowed; at most {steps - 1} "
-            f"(the stochastic depths of sampler.num_steps={steps})"
-        )
+    backend_class(config.model.backend).check(config)
+    config.algorithm.check(config)

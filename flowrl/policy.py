@@ -1,144 +1,191 @@
-"""The shapes policy backend: a fully fine-tuned ShapesDiT with explicit old, reference and EMA copies.
+"""The policy: a flow model (the velocity network of a backend) plus its weight copies, one contract.
 
-``model`` is trained (and may be replaced by its DDP wrapper after
-``accelerator.prepare``); ``old`` anchors DiffusionNFT's implicit policies
-and samples the rollouts, unless the algorithm decouples a separate
-``sampler`` copy (CRD) with its own update schedule; ``reference`` is the frozen base; ``ema``
-(when ``ema_decay > 0``) is the weight average saved as the tuned model.
-Copies are cheap here (2.6M parameters); LoRA backends keep adapters instead.
+A policy answers, for each *role*, the velocity ``v(x, t, cond)`` (a MeanFlow
+model's average velocity over ``[r, t]`` when given ``r``):
+
+- ``trained`` — the weights the optimizer updates (:meth:`Policy.velocity`);
+- ``old`` — the policy the loss compares against: DiffusionNFT's anchor of the
+  implicit positive/negative policies, GRPO's behaviour policy (copied from
+  the trained weights after every step);
+- ``rollout`` — the copy that samples the rollouts: ``old`` itself unless the
+  algorithm decouples them (CRD keeps a slower rollout copy);
+- ``reference`` — the frozen base model;
+- ``ema`` — an average of the trained weights (with ``training.ema_decay > 0``);
+- ``tuned`` — what is evaluated and saved: the EMA when kept, else the trained.
+
+The flow model (:mod:`flowrl.models`: the shapes DiT or a diffusers
+pipeline) knows prompts, noise, latents and decoding; the weight copies
+(:mod:`flowrl.weight_copies`: module copies or LoRA adapters) know where each
+role's weights live. Nothing else in the trainer or the algorithms depends
+on which backend or which copy strategy is in use.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from flowrl.generate import generate, model_space_to_images, seeded_noise
-from flowrl.models.shapes_dit import ShapesDiT
+from flowrl.weight_copies import EMA, OLD, REFERENCE, ROLLOUT, TRAINED, TUNED, ModuleCopies
+from samplers import VelocityFn, guided_velocity
+
+if TYPE_CHECKING:
+    from flowrl.models import FlowModel
+
+__all__ = ["EMA", "OLD", "REFERENCE", "ROLLOUT", "TRAINED", "TUNED", "Policy", "build_policy", "make_policy"]
 
 
-def _frozen_copy(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model).eval().requires_grad_(False)
+class Policy:
+    """A flow model with its trained weights and weight copies (module docstring)."""
 
-
-class ShapesPolicy:
-    """Trainable ShapesDiT plus its old, reference and EMA copies (see module docstring)."""
-
-    def __init__(self, base: ShapesDiT, ema_decay: float = 0.0, separate_sampler: bool = False) -> None:
-        self.model: nn.Module = base.train().requires_grad_(True)
-        self.old = _frozen_copy(base)
-        self.sampler = _frozen_copy(base) if separate_sampler else self.old
-        self.reference = _frozen_copy(base)
+    def __init__(self, flow_model: FlowModel, copies: Any, ema_decay: float = 0.0) -> None:
+        self.flow_model = flow_model
+        self.copies = copies
         self.ema_decay = ema_decay
-        self.ema = _frozen_copy(base) if ema_decay > 0 else None
-        self.sample_shape = base.sample_shape
+        self._unconditional: dict[str, Any] = {}
 
-    #: the shapes world is trained and sampled on the unshifted grid
-    time_shift = 1.0
+    @classmethod
+    def for_inference(cls, flow_model: FlowModel) -> Policy:
+        """A policy that only samples: every role is the flow model's network itself, nothing is copied."""
+        return cls(flow_model, ModuleCopies(flow_model.network, (), trainable=False))
 
-    def to(self, device: torch.device | str) -> ShapesPolicy:
-        for model in (self.model, self.old, self.sampler, self.reference, self.ema):
-            if model is not None:
-                model.to(device)
-        return self
+    # --- what the flow model knows -------------------------------------------------------------------
 
     @property
-    def unwrapped(self) -> ShapesDiT:
-        """The trained network without its DDP wrapper."""
-        return getattr(self.model, "module", self.model)
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.flow_model.sample_shape
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.unwrapped.encode_prompts(prompts)
+    @property
+    def time_shift(self) -> float:
+        """The model's own SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)`` (1 for the shapes world)."""
+        return self.flow_model.time_shift
+
+    @property
+    def device(self) -> torch.device:
+        return self.flow_model.device
+
+    @property
+    def mean_flow(self) -> bool:
+        """Whether the network predicts MeanFlow average velocities (takes an interval start ``r``)."""
+        return self.flow_model.mean_flow
+
+    def encode(self, prompts: list[str]) -> Any:
+        """Conditioning rows for ``prompts`` (opaque to samplers and algorithms)."""
+        return self.flow_model.encode(prompts)
+
+    def unconditional(self, negative_prompt: str = "") -> Any:
+        """The one-row conditioning CFG guides away from, encoded once per prompt."""
+        if negative_prompt not in self._unconditional:
+            self._unconditional[negative_prompt] = self.encode([negative_prompt])
+        return self._unconditional[negative_prompt]
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Model-space samples to media in [0, 1] (images ``[B, 3, H, W]`` or clips ``[B, T, 3, H, W]``)."""
+        return self.flow_model.decode(x)
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        """Starting noise in the sampler's layout, row ``i`` seeded by ``seeds[i]``."""
+        return self.flow_model.initial_noise(seeds, device)
+
+    # --- velocities ----------------------------------------------------------------------------------
+
+    def velocity_of(self, role: str) -> VelocityFn:
+        """``role``'s velocity function ``(x, t, cond, r=None) -> v`` (module docstring)."""
+
+        def velocity(
+            x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            if r is not None and not self.mean_flow:
+                raise ValueError(
+                    "MeanFlow (an interval start r) needs a network that takes r; this model does not"
+                )
+            with self.copies.network(role) as network:
+                if r is None:
+                    return self.flow_model.velocity(network, x, t, cond)
+                return self.flow_model.velocity(network, x, t, cond, r=r)
+
+        return velocity
 
     def velocity(
         self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.model(x, t, *cond, r=r)
+        """The trained velocity (gradients flow)."""
+        return self.velocity_of(TRAINED)(x, t, cond, r)
 
     def old_velocity(
         self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.old(x, t, *cond, r=r)
+        return self.velocity_of(OLD)(x, t, cond, r)
 
-    def sampler_velocity(
+    def rollout_velocity(
         self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.sampler(x, t, *cond, r=r)
+        return self.velocity_of(ROLLOUT)(x, t, cond, r)
 
     def reference_velocity(
         self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.reference(x, t, *cond, r=r)
+        return self.velocity_of(REFERENCE)(x, t, cond, r)
 
-    def decode(self, x: torch.Tensor) -> torch.Tensor:
-        """Model-space samples to images in [0, 1]."""
-        return model_space_to_images(x)
+    def guided(self, role: str, guidance_scale: float, negative_prompt: str = "") -> VelocityFn:
+        """``role``'s CFG velocity ``v_u + w (v_c - v_u)`` against ``negative_prompt`` (``w = 1``: unguided)."""
+        return guided_velocity(self.velocity_of(role), guidance_scale, self.unconditional(negative_prompt))
 
-    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
-        """Standard normal pixels-space noise, row ``i`` seeded by ``seeds[i]``."""
-        return seeded_noise(seeds, self.sample_shape, device)
+    # --- training state ------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> nn.Module:
+        """The trained network as the optimizer and DDP see it."""
+        return self.copies.model
+
+    def prepare(self, wrapper: Callable[[nn.Module], nn.Module]) -> None:
+        """Wrap the trained network (``accelerator.prepare``: DDP across processes)."""
+        self.copies.wrap(wrapper)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return self.copies.trainable_parameters()
 
-    @torch.no_grad()
-    def _move_towards_trained(self, copy_: nn.Module, decay: float) -> None:
-        """``theta_copy <- decay * theta_copy + (1 - decay) * theta``."""
-        for target, new in zip(copy_.parameters(), self.unwrapped.parameters()):
-            target.lerp_(new.detach(), 1 - decay)
+    def move_copies(self, decays: Mapping[str, float]) -> None:
+        """``theta_role <- decay theta_role + (1 - decay) theta`` for each given role, then the EMA
+        (``ema_decay``); the one place where copies move."""
+        for role, decay in decays.items():
+            self.copies.move(role, decay)
+        if self.ema_decay > 0:
+            self.copies.move(EMA, self.ema_decay)
 
-    def update_old(self, decay: float) -> None:
-        """``theta_old <- decay * theta_old + (1 - decay) * theta``."""
-        self._move_towards_trained(self.old, decay)
-
-    def update_sampler(self, decay: float) -> None:
-        """``theta_sampler <- decay * theta_sampler + (1 - decay) * theta`` (a separate sampler only)."""
-        if self.sampler is self.old:
-            raise RuntimeError("this policy samples with its old copy; build it with separate_sampler=True")
-        self._move_towards_trained(self.sampler, decay)
-
-    def update_ema(self) -> None:
-        """``theta_ema <- d * theta_ema + (1 - d) * theta`` (no-op without EMA)."""
-        if self.ema is not None:
-            self._move_towards_trained(self.ema, self.ema_decay)
-
-    def tuned(self) -> ShapesDiT:
-        """The network to evaluate and ship: the EMA when kept, else the trained weights."""
-        return self.ema if self.ema is not None else self.unwrapped
+    def to(self, device: torch.device | str) -> Policy:
+        self.flow_model.to(device)
+        self.copies.to(device)
+        return self
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        state = {"model": self.unwrapped.state_dict(), "old": self.old.state_dict()}
-        if self.sampler is not self.old:
-            state["sampler"] = self.sampler.state_dict()
-        if self.ema is not None:
-            state["ema"] = self.ema.state_dict()
-        return state
+        return self.copies.state_dict()
 
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        self.unwrapped.load_state_dict(state["model"])
-        self.old.load_state_dict(state["old"])
-        if self.sampler is not self.old:
-            self.sampler.load_state_dict(state["sampler"])
-        if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        seeds: Sequence[int],
-        num_steps: int,
-        guidance_scale: float = 1.0,
-        model: str = "tuned",
-    ) -> torch.Tensor:
-        """Images in [0, 1] from the ``tuned`` or ``base`` model (see :func:`flowrl.generate.generate`)."""
-        network = {"tuned": self.tuned, "base": lambda: self.reference}[model]()
-        return generate(network, prompts, seeds, num_steps, guidance_scale)
+        self.copies.load_state_dict(state)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write the tuned network as a loadable ShapesDiT directory."""
-        self.tuned().save_pretrained(directory)
+        """The tuned weights in the backend's loadable format (a shapes model directory, a diffusers
+        ``transformer/``, or diffusers-format LoRA weights)."""
+        self.copies.save_pretrained(directory, self.flow_model)
+
+
+def make_policy(
+    flow_model: FlowModel, copies: Sequence[str] = (OLD,), ema_decay: float = 0.0, model_config: Any = None
+) -> Policy:
+    """A trainable policy over ``flow_model`` keeping ``copies``, the reference (and the EMA when
+    ``ema_decay > 0``); ``model_config`` tells the backend how to keep them (LoRA rank, ...)."""
+    roles = (*copies, REFERENCE, *((EMA,) if ema_decay > 0 else ()))
+    return Policy(flow_model, flow_model.weight_copies(model_config, roles), ema_decay)
+
+
+def build_policy(model_config: Any, copies: Sequence[str] = (OLD,), ema_decay: float = 0.0) -> Policy:
+    """The trainable policy of a validated ``model`` section (the backend it names, loaded on the CPU),
+    keeping the algorithm's ``copies``, the reference and the EMA."""
+    from flowrl.models import backend_class
+
+    flow_model = backend_class(model_config.backend).from_config(model_config)
+    return make_policy(flow_model, copies, ema_decay, model_config)

@@ -17,6 +17,9 @@ One step, on every process (every collective runs everywhere):
 All randomness of a step derives from ``(seed, step)`` and global sample
 indices, so one process and two processes see the same data and noise, and a
 resumed run continues exactly.
+
+Longer than 400 lines on purpose: the loop is read top to bottom in one file (torchtune's recipes);
+what it calls (algorithms, policy, rewards, checkpoints, evaluation) lives in its own modules.
 """
 
 from __future__ import annotations
@@ -40,17 +43,19 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
+from flowrl.advantages import RewardBatch
 from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
-from flowrl.backends import build_policy
 from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
+from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
+from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward
-from samplers import guided_velocity, select_rows, timesteps
+from samplers import select_rows, timesteps
 
 #: steps between redraws of curves.png (and at every evaluation and at the end)
 CURVES_EVERY = 10
@@ -127,9 +132,10 @@ def update_units(
     return [units[index : index + per_update] for index in range(0, len(units), per_update)]
 
 
-def check_batches(config: TrainConfig, num_processes: int) -> Algorithm:
+def check_batches(config: TrainConfig, num_processes: int) -> tuple[Algorithm, int, int]:
     """Check that the global batch splits over ``num_processes`` and every step's backward units over
-    ``updates_per_step``, without loading a model; returns the built algorithm.
+    ``updates_per_step``, without loading a model; returns the built algorithm, the images per process
+    and the micro-batches per process.
 
     Row counts can follow a sliding window; the first ``num_steps`` steps cover every window position
     with stride and every 1 (each step checks its own units again as it runs).
@@ -140,7 +146,7 @@ def check_batches(config: TrainConfig, num_processes: int) -> Algorithm:
         update_units(
             config, algorithm.passes, local_images // micro_batches, algorithm.num_rows(local_images, step)
         )
-    return algorithm
+    return algorithm, local_images, micro_batches
 
 
 class Trainer:
@@ -160,8 +166,7 @@ class Trainer:
         )
         acc = self.accelerator
         # Everything that can be checked without a model is checked before one loads.
-        self.algorithm = check_batches(config, acc.num_processes)
-        self.local_images, self.micro_batches = config.per_process(acc.num_processes)
+        self.algorithm, self.local_images, self.micro_batches = check_batches(config, acc.num_processes)
         self.micro_batch = self.local_images // self.micro_batches
         self.prompts = load_prompts(config.data.prompts)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
@@ -172,12 +177,13 @@ class Trainer:
             )
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
-        self.reward = MultiReward(config.rewards, config.reward_aggregation, config.algorithm.std_scope)
+        self.reward = MultiReward(config.rewards)
 
         torch.manual_seed(config.training.seed)
-        self.policy = build_policy(
-            config.model, config.training.ema_decay, self.algorithm.separate_sampler
-        ).to(acc.device)
+        self.policy = build_policy(config.model, self.algorithm.copies, config.training.ema_decay).to(
+            acc.device
+        )
+        self.algorithm.prepare(self.policy)
         self.world = evaluation_world(config, self.policy)
         shift = config.sampler.time_shift if config.sampler.time_shift is not None else self.policy.time_shift
         self.grid = timesteps(config.sampler.num_steps, shift=shift)
@@ -198,7 +204,7 @@ class Trainer:
                 min_ratio=training.min_learning_rate_ratio,
             ),
         )
-        self.policy.model = acc.prepare(self.policy.model)
+        self.policy.prepare(acc.prepare)
         self.step = 0
 
     # --- set-up and persistence ----------------------------------------------------------------------
@@ -252,11 +258,11 @@ class Trainer:
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, model: str, guidance_scale: float, name: str) -> dict[str, Any]:
-        """Held-out GenEval-style scores of the ``tuned`` or ``base`` model on the world's test prompts
-        (main process)."""
+    def evaluate(self, role: str, guidance_scale: float, name: str) -> dict[str, Any]:
+        """Held-out GenEval-style scores of the ``tuned`` or ``reference`` (base) weights on the world's test
+        prompts (main process)."""
         scores, media, items, rewards = evaluate(
-            partial(self.policy.generate, model=model),
+            partial(generate, self.policy, role=role),
             self.world.prompts("test"),
             self.config.evaluation.images_per_task,
             self.config.evaluation.num_steps,
@@ -272,17 +278,16 @@ class Trainer:
         return update_units(self.config, self.algorithm.passes, self.micro_batch, num_rows)
 
     def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer):
-        """Old-policy rollouts of this process's samples (the algorithm's sampler, micro-batch by
-        micro-batch of whole groups), scored in the background chunk by chunk."""
+        """Rollouts of this process's samples by the rollout copy (the algorithm's sampler, micro-batch by
+        micro-batch of whole groups), decoded and scored in the background chunk by chunk."""
         policy, acc = self.policy, self.accelerator
         cond = policy.encode([record["prompt"] for record in records])
         noise = policy.initial_noise(seeds, acc.device)
-        velocity = guided_velocity(
-            policy.sampler_velocity,
-            self.config.sampler.guidance_scale,
-            policy.encode([self.config.sampler.negative_prompt]),
+        velocity = policy.guided(
+            ROLLOUT, self.config.sampler.guidance_scale, self.config.sampler.negative_prompt
         )
         chunks: list[RolloutChunk] = []
+        media: list[torch.Tensor] = []
         futures = []
         start = time.perf_counter()
         with torch.no_grad():
@@ -298,14 +303,15 @@ class Trainer:
                     self.step,
                 )
                 chunks.append(chunk)
+                media.append(policy.decode(chunk.x0))
                 items = [records[i] for i in rows.tolist()]
-                futures.append(scorer.submit(policy.decode(chunk.x0), [r["prompt"] for r in items], items))
+                futures.append(scorer.submit(media[-1], [r["prompt"] for r in items], items))
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
         parts = [future.result() for future in futures]
         reward_wait = time.perf_counter() - start
         scores = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        return chunks, cond, scores, rollout_seconds, reward_wait
+        return chunks, media, cond, scores, rollout_seconds, reward_wait
 
     def train_step(self, scorer: AsyncScorer) -> dict[str, Any]:
         config, acc, policy = self.config, self.accelerator, self.policy
@@ -319,14 +325,20 @@ class Trainer:
             self.prompt_weights,
         )
         local = samples.shard(acc.process_index, acc.num_processes)
-        chunks, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
+        chunks, media, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
             local.records, local.seeds, scorer
         )
 
-        # Gather every process's scores; advantages over the global batch, then this process's slice.
+        # Gather every process's scores; the algorithm's advantages, once, over the global batch; this
+        # process's slice.
         global_scores = {key: acc.gather(value.to(acc.device)).cpu() for key, value in scores.items()}
-        group_ids = torch.tensor(samples.group_ids)
-        advantages = self.reward.advantages(global_scores, group_ids)
+        rewards = RewardBatch(
+            self.reward.components(global_scores),
+            self.reward.weights,
+            self.reward.total(global_scores),
+            torch.tensor(samples.group_ids),
+        )
+        advantages = self.algorithm.advantages(rewards)
         begin = acc.process_index * self.local_images
         local_rows = slice(begin, begin + self.local_images)
         local_advantages = advantages[local_rows].to(acc.device)
@@ -360,7 +372,7 @@ class Trainer:
                 )
                 sync = index == len(units) - 1
                 with contextlib.nullcontext() if sync else acc.no_sync(policy.model):
-                    loss, stats = self.algorithm.loss(policy, batch, pass_index)
+                    loss, stats = self.algorithm.loss(policy, batch, pass_index, self.step)
                     acc.backward(loss * ((part.stop - part.start) / update_rows))
                 losses.append(loss.detach())
                 for key, value in stats.items():
@@ -374,18 +386,17 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             optimizer_seconds += time.perf_counter() - optimizer_start
         optimizer_start = time.perf_counter()
-        algorithm_log = self.algorithm.after_optimizer_step(policy, self.step)
-        policy.update_ema()
+        step_end = self.algorithm.after_optimizer_step(self.step)
+        policy.move_copies(step_end.copy_decays)
         train_seconds = time.perf_counter() - train_start
         optimizer_seconds += time.perf_counter() - optimizer_start
 
-        total = self.reward.total(global_scores)
-        grouped = total.view(config.training.prompts_per_step, config.training.group_size)
+        total = rewards.total
         row: dict[str, Any] = {
             "step": self.step,
             "reward/mean": float(total.mean()),
             **{f"reward/{key}": float(value.mean()) for key, value in global_scores.items()},
-            "reward/zero_std_groups": float((grouped.std(dim=1) == 0).float().mean()),
+            "reward/zero_std_groups": float(rewards.zero_std_groups().float().mean()),
             **task_rewards(total, samples.records),
             "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
             "grad_norm": sum(grad_norms) / len(grad_norms),
@@ -395,7 +406,7 @@ class Trainer:
                 for key, values in statistics.items()
             },
             **rows.log,
-            **algorithm_log,
+            **step_end.log,
             "time/rollout": rollout_seconds,
             "time/reward": reward_wait,
             "time/train": train_seconds,
@@ -413,7 +424,7 @@ class Trainer:
             shown = min(16, len(local.records))
             grid_path = save_sample_grid(
                 self.output_dir / "samples" / f"step_{self.step:06d}.png",
-                policy.decode(torch.cat([chunk.x0 for chunk in chunks])[:shown]).cpu(),
+                torch.cat(media)[:shown].cpu(),
                 [r["prompt"] for r in local.records[:shown]],
                 self.reward.total(scores)[:shown],
             )
@@ -437,7 +448,7 @@ class Trainer:
         if acc.is_main_process:
             if self.step == 0 or not summary_path.is_file():
                 for scale in config.evaluation.base_guidance_scales:
-                    base_scores[f"{scale:g}"] = self.evaluate("base", scale, f"base_cfg{scale:g}")
+                    base_scores[f"{scale:g}"] = self.evaluate(REFERENCE, scale, f"base_cfg{scale:g}")
                 summary_path.write_text(json.dumps({"base": base_scores}, indent=2) + "\n")
                 if "1" in base_scores and log is not None:  # the base, CFG-free, as step 0 of the eval curve
                     base_row = eval_row(base_scores["1"], self.world)
@@ -464,7 +475,7 @@ class Trainer:
                     and self.step < config.training.steps
                 ):
                     if acc.is_main_process:
-                        scores = self.evaluate("tuned", 1.0, f"step_{self.step:06d}_cfg1")
+                        scores = self.evaluate(TUNED, 1.0, f"step_{self.step:06d}_cfg1")
                         row.update(eval_row(scores, self.world))
                     acc.wait_for_everyone()
                 if log is not None:
@@ -493,7 +504,7 @@ class Trainer:
         if acc.is_main_process:
             self.policy.save_pretrained(self.output_dir / "model")
             tuned = {
-                f"{scale:g}": self.evaluate("tuned", scale, f"tuned_cfg{scale:g}")
+                f"{scale:g}": self.evaluate(TUNED, scale, f"tuned_cfg{scale:g}")
                 for scale in self.config.evaluation.guidance_scales
             }
             final = eval_row(tuned["1"], self.world) if "1" in tuned else {}
@@ -520,13 +531,13 @@ class Trainer:
         return summary
 
 
-def evaluation_world(config: TrainConfig, policy: Any) -> World:
+def evaluation_world(config: TrainConfig, policy: Policy) -> World:
     """The world whose held-out prompts judge the model: the config's (``evaluation.world`` or shipped
     ``data.prompts``), else the one the model draws (clips: ``video_shapes``, images: ``shapes``).
     A shapes model of the other kind is an error here, before anything is sampled."""
-    if config.model.backend != "shapes":  # config validation keeps their evaluation off
+    if not policy.flow_model.renders_world:  # config validation keeps their evaluation off
         return get_world(config.evaluation_world or "shapes")
-    makes_clips = policy.unwrapped.is_video
+    makes_clips = policy.flow_model.is_video
     world = get_world(config.evaluation_world or ("video_shapes" if makes_clips else "shapes"))
     if world.is_video != makes_clips:
         raise ValueError(

@@ -5,7 +5,6 @@ Built-ins with heavy backbones are registered lazily and import on first use.
 This package never imports ``flowrl``.
 """
 
-from rewards.advantages import gdpo_advantages, group_advantages
 from rewards.async_scoring import AsyncScorer
 from rewards.base import RewardError, checked_scores, score
 from rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
@@ -47,8 +46,6 @@ __all__ = [
     "build_reward",
     "checked_scores",
     "describe_rewards",
-    "gdpo_advantages",
-    "group_advantages",
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "register",

@@ -1,4 +1,4 @@
-"""Several rewards as one: scoring, weighting, and advantages (``sum`` or ``gdpo``).
+"""Several rewards as one: scoring every entry and weighing the scores into a total.
 
 ``MultiReward({"pickscore": 1.0, "hpsv2": 0.5})`` or with richer settings::
 
@@ -12,7 +12,9 @@ sub-score that enters the aggregate (default: the reward's only score, or
 its class attribute ``primary_score``); ``offload: true`` keeps a model-based
 reward's network (its ``model`` on its ``device``) on the CPU between calls,
 freeing accelerator memory for the policy while it is idle. Calling it returns every sub-score,
-checked at the boundary, labelled ``entry`` or ``entry/sub-score``.
+checked at the boundary, labelled ``entry`` or ``entry/sub-score``. How the
+scores become advantages (``sum`` or ``gdpo`` aggregation) is RL work and lives
+in ``flowrl.advantages``.
 """
 
 from __future__ import annotations
@@ -24,11 +26,8 @@ from typing import Any
 
 import torch
 
-from rewards.advantages import STD_SCOPES, gdpo_advantages, group_advantages
 from rewards.base import modality_of, score
 from rewards.registry import available_rewards, build_reward
-
-AGGREGATIONS = ("sum", "gdpo")
 
 
 @dataclass
@@ -102,27 +101,16 @@ def _entry(name: str, spec: float | Mapping[str, Any]) -> RewardEntry:
 
 
 class MultiReward:
-    """A weighted set of rewards with ``sum`` or ``gdpo`` aggregation (see module docstring)."""
+    """A weighted set of rewards (see module docstring)."""
 
-    def __init__(
-        self,
-        rewards: Mapping[str, float | Mapping[str, Any]],
-        aggregation: str = "sum",
-        std_scope: str = "batch",
-        eps: float = 1e-4,
-    ) -> None:
+    def __init__(self, rewards: Mapping[str, float | Mapping[str, Any]]) -> None:
         if not rewards:
             raise ValueError("MultiReward needs at least one reward")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {AGGREGATIONS}")
-        if std_scope not in STD_SCOPES:
-            raise ValueError(f"unknown std_scope {std_scope!r}; allowed: {STD_SCOPES}")
         self.entries = [_entry(name, spec) for name, spec in rewards.items()]
         modalities = {entry.name: modality_of(entry.reward) for entry in self.entries}
         if len(set(modalities.values())) > 1:
             raise ValueError(f"rewards of one MultiReward must share a modality, got {modalities}")
         self.modality = next(iter(modalities.values()))
-        self.aggregation, self.std_scope, self.eps = aggregation, std_scope, eps
 
     @staticmethod
     def check_spec(rewards: Mapping[str, Any]) -> None:
@@ -180,9 +168,3 @@ class MultiReward:
         """Weighted sum of the raw components, ``sum_k w_k r_k``."""
         components = self.components(scores)
         return sum(entry.weight * components[entry.name] for entry in self.entries)
-
-    def advantages(self, scores: Mapping[str, torch.Tensor], group_ids: torch.Tensor) -> torch.Tensor:
-        """Advantages ``[B]``: ``sum`` normalises the weighted raw sum per group; ``gdpo`` each reward first."""
-        if self.aggregation == "sum":
-            return group_advantages(self.total(scores), group_ids, self.std_scope, self.eps)
-        return gdpo_advantages(self.components(scores), self.weights, group_ids, self.eps)

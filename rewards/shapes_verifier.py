@@ -47,20 +47,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle")
-
-#: Palette of the shapes world, RGB in [0, 1]. Chromaticities are far apart,
-#: so the nearest-colour rule is unambiguous.
-PALETTE: dict[str, tuple[float, float, float]] = {
-    "red": (0.92, 0.12, 0.10),
-    "green": (0.10, 0.80, 0.15),
-    "blue": (0.15, 0.30, 0.95),
-    "yellow": (0.95, 0.85, 0.10),
-    "purple": (0.65, 0.15, 0.90),
-    "cyan": (0.10, 0.85, 0.85),
-}
-
-RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
+from rewards.world_spec import PALETTE, RELATIONS
 
 FOREGROUND_LEVEL = 0.4
 MAX_COLOR_DISTANCE = 0.45

@@ -52,19 +52,13 @@ import numpy as np
 import torch
 
 from rewards.shapes_verifier import DetectedObject, detect_objects
-
-DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")
-#: unit displacement per direction, (x right, y down)
-DIRECTION_VECTORS: dict[str, tuple[float, float]] = {
-    "left": (-1.0, 0.0),
-    "right": (1.0, 0.0),
-    "up": (0.0, -1.0),
-    "down": (0.0, 1.0),
-}
-#: ground-truth speed of each speed word, pixels per frame on a 32-pixel frame (scaled with the frame)
-SPEED_PIXELS: dict[str, float] = {"slowly": 1.0, "quickly": 2.25}
-#: an object that "appears" is drawn from frame ``floor(APPEAR_FRACTION * T)`` on
-APPEAR_FRACTION = 0.5
+from rewards.world_spec import (
+    DIRECTION_VECTORS,
+    DIRECTIONS,
+    MIN_FIT_FRAMES,
+    SPEED_PIXELS,
+    appear_frame,
+)
 
 #: the frame size (pixels) that ``SPEED_PIXELS`` and ``MIN_SPEED`` refer to
 REFERENCE_FRAME_SIZE = 32
@@ -72,18 +66,11 @@ REFERENCE_FRAME_SIZE = 32
 MIN_SPEED = 0.4
 #: the most speed across the named direction, as a share of the speed along it (about 27 degrees)
 MAX_CROSS_RATIO = 0.5
-#: the fewest steady frames a velocity is fitted on
-MIN_FIT_FRAMES = 3
 #: the speed that separates "slowly" from "quickly", pixels per frame at the reference size
 SPEED_MIDPOINT = (SPEED_PIXELS["slowly"] + SPEED_PIXELS["quickly"]) / 2
 
 FrameObjects = Sequence[Sequence[DetectedObject]]
 Velocity = tuple[float, float]
-
-
-def appear_frame(num_frames: int) -> int:
-    """The first frame in which an object that appears is drawn: ``floor(APPEAR_FRACTION * T)``."""
-    return math.floor(APPEAR_FRACTION * num_frames)
 
 
 def expected_frames(entry: Mapping[str, Any], num_frames: int) -> range:

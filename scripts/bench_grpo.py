@@ -38,6 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from flowrl.config import load_config  # noqa: E402
+from flowrl.policy import OLD, REFERENCE  # noqa: E402
 from flowrl.run_log import read_metrics  # noqa: E402
 from flowrl.trainer import Trainer  # noqa: E402
 from rewards import AsyncScorer  # noqa: E402
@@ -69,8 +70,8 @@ class EvaluationCounter:
 
     def __init__(self, trainer: Trainer) -> None:
         self.rollout = self.training = 0
-        trainer.policy.old.register_forward_hook(lambda _m, inputs, _o: self._add("rollout", inputs))
-        for module in (trainer.policy.unwrapped, trainer.policy.reference):
+        trainer.policy.copies.copies[OLD].register_forward_hook(lambda _m, inputs, _o: self._add("rollout", inputs))
+        for module in (trainer.policy.copies.unwrapped, trainer.policy.copies.copies[REFERENCE]):
             module.register_forward_hook(lambda _m, inputs, _o: self._add("training", inputs))
 
     def _add(self, kind: str, inputs: tuple) -> None:

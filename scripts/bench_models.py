@@ -1,7 +1,7 @@
 """Benchmark the diffusers backends: step time, peak memory and trainable parameters.
 
 Part 1 (measured): the tiny random-weight SD3 and FLUX pipelines of
-``flowrl.models.tiny`` trained by the real trainer (DiffusionNFT, 2 prompts x
+``flowrl.testing`` trained by the real trainer (DiffusionNFT, 2 prompts x
 4 images at 64x64, 2 trained timesteps), LoRA (rank 32, the attention
 projections) and full fine-tuning, each with and without gradient
 checkpointing. Every configuration runs in its own process: the median
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from flowrl.config import load_config
-from flowrl.models.tiny import KINDS, save_tiny_pipeline
+from flowrl.testing import KINDS, save_tiny_pipeline
 
 #: the transformers' published configs (huggingface.co/<id>/blob/main/transformer/config.json)
 REAL_TRANSFORMERS = {
@@ -143,7 +143,7 @@ def worker(kind: str, lora: bool, checkpointing: bool, model_dir: str, work_dir:
         "trainable_parameters": sum(p.numel() for p in trainer.policy.trainable_parameters()),
         "transformer_parameters": sum(
             p.numel()
-            for name, p in trainer.policy.backend.transformer.named_parameters()
+            for name, p in trainer.policy.flow_model.transformer.named_parameters()
             if "lora_" not in name
         ),
         "seconds_per_step": statistics.median(row["time/step"] for row in rows),

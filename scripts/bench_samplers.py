@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from flowrl.generate import seeded_noise
 from flowrl.models import load_shapes_model
+from flowrl.models.noise import seeded_noise
 from flowrl.shapes.grammar import shipped_prompts
 from samplers import (
     dpm_solver_2m,

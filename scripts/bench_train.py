@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from flowrl.config import load_config
+from flowrl.policy import OLD, REFERENCE
 from flowrl.trainer import Trainer
 from rewards import AsyncScorer
 
@@ -32,7 +33,8 @@ class NetworkTimer:
     def __init__(self, trainer: Trainer) -> None:
         self.forward = self.backward = 0.0
         self._started: list[float] = []
-        modules = [trainer.policy.unwrapped, trainer.policy.old, trainer.policy.reference]
+        copies = trainer.policy.copies
+        modules = [copies.unwrapped, copies.copies[OLD], copies.copies[REFERENCE]]
         for module in modules:
             module.register_forward_pre_hook(lambda *_: self._started.append(time.perf_counter()))
             module.register_forward_hook(lambda *_: self._stop())

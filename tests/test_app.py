@@ -9,10 +9,10 @@ from app_runs import make_run
 
 import app.app as demo_app
 from app.app import compare, on_generate, run_overview
+from app.cli import build_parser
 from app.prompts import parse_prompt
 from app.runs import find_runs, load_model, source_choices
 from app.scores import scores_cards
-from flowrl.cli import build_parser
 from flowrl.generate import generate
 from rewards import ShapesVerifier
 
@@ -173,6 +173,6 @@ def test_an_unexpected_error_is_one_line_without_traceback(run, tiny_model_dir, 
 
 
 def test_demo_command_binds_to_loopback_unless_told():
-    args = build_parser().parse_args(["demo", "runs/main"])
+    args = build_parser().parse_args(["runs/main"])
     assert (args.tuned, args.host, args.share, args.base) == ("runs/main", "127.0.0.1", False, "shapes-base")
-    assert build_parser().parse_args(["demo", "--host", "0.0.0.0"]).host == "0.0.0.0"
+    assert build_parser().parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"

@@ -6,7 +6,8 @@ import torch
 from flowrl.algorithms.crd import CRD, crd_loss, group_centred, reconstruction_error
 from flowrl.algorithms.nft import optimality_probability, pixel_mean
 from flowrl.config import ConfigError, load_config
-from flowrl.policy import ShapesPolicy
+from flowrl.models import ShapesFlowModel
+from flowrl.policy import OLD, REFERENCE, ROLLOUT, make_policy
 
 GROUP = 3
 
@@ -106,7 +107,7 @@ def test_the_kl_anchor_is_the_cfg_guided_reference(tiny_model):
     """Changing the anchor's guidance scale changes the loss; with w = 1 it is the plain reference."""
     from flowrl.algorithms.base import TrainBatch
 
-    policy = ShapesPolicy(tiny_model, separate_sampler=True)
+    policy = make_policy(ShapesFlowModel(tiny_model), (OLD, ROLLOUT))
     with torch.no_grad():  # move theta off the base so that the anchor term is not zero
         for parameter in policy.model.parameters():
             parameter.add_(0.02 * torch.randn_like(parameter))
@@ -138,7 +139,7 @@ def test_the_kl_anchor_is_the_cfg_guided_reference(tiny_model):
             ],
         )
         algorithm = CRD(config)
-        loss, stats = algorithm.loss(policy, batch, 0)
+        loss, stats = algorithm.loss(policy, batch, 0, 1)
         losses[guidance] = (loss.item(), stats["crd/anchor_mse"])
     assert losses[1.0][0] != pytest.approx(losses[4.5][0])
     x0, t, noise = batch.x0, batch.draws["t"][0], batch.draws["noise"][0]
@@ -168,36 +169,42 @@ def test_the_anchor_strength_adapts_to_reward_and_follows_its_schedule():
     )
     algorithm = CRD(config)
     advantages = torch.tensor([-5.0, 0.0, 5.0])
-    algorithm.step = 0
-    torch.testing.assert_close(algorithm.anchor_strength(advantages), 0.2 * torch.tensor([0.1, 0.55, 1.0]))
-    algorithm.step = 20  # past the schedule: factor 0.5
-    torch.testing.assert_close(algorithm.anchor_strength(advantages), 0.1 * torch.tensor([0.1, 0.55, 1.0]))
+    torch.testing.assert_close(algorithm.anchor_strength(advantages, 0), 0.2 * torch.tensor([0.1, 0.55, 1.0]))
+    # past the schedule: factor 0.5
+    torch.testing.assert_close(
+        algorithm.anchor_strength(advantages, 20), 0.1 * torch.tensor([0.1, 0.55, 1.0])
+    )
 
 
-def test_the_sampler_is_held_then_moves_and_old_follows_its_own_schedule(tiny_model):
+def test_the_rollout_copy_is_held_then_moves_and_old_follows_its_own_schedule(tiny_model):
     config = load_config(
         None,
         [
             "algorithm.name=crd",
-            "algorithm.sampler_delay_steps=2",
-            "algorithm.sampler_decay_rate=0.25",
+            "algorithm.rollout_delay_steps=2",
+            "algorithm.rollout_decay_rate=0.25",
             "algorithm.old_update=soft",
             "algorithm.old_decay_rate=0.1",
             "training.micro_batch_size=8",
         ],
     )
     algorithm = CRD(config)
-    policy = ShapesPolicy(tiny_model, separate_sampler=True)
-    base = {k: v.clone() for k, v in policy.reference.state_dict().items()}
+    policy = make_policy(ShapesFlowModel(tiny_model), (OLD, ROLLOUT))
+    base = {k: v.clone() for k, v in policy.copies.copies[REFERENCE].state_dict().items()}
     with torch.no_grad():
         for parameter in policy.model.parameters():
             parameter.add_(1.0)
-    logs = [algorithm.after_optimizer_step(policy, step) for step in (1, 2, 3)]
-    assert [log["crd/sampler_decay"] for log in logs] == [-1.0, -1.0, 0.25]
+    logs = []
+    for step in (1, 2, 3):
+        step_end = algorithm.after_optimizer_step(step)
+        policy.move_copies(step_end.copy_decays)
+        logs.append(step_end.log)
+    assert [log["crd/rollout_decay"] for log in logs] == [-1.0, -1.0, 0.25]
     assert [log["crd/old_decay"] for log in logs] == pytest.approx([0.1, 0.2, 0.3])
     name = "final_modulation.weight"
     sampler, old, trained = (
-        dict(m.named_parameters())[name] for m in (policy.sampler, policy.old, policy.model)
+        dict(m.named_parameters())[name]
+        for m in (policy.copies.copies[ROLLOUT], policy.copies.copies[OLD], policy.model)
     )
     # sampler: base until step 2, then 0.25 base + 0.75 theta; old: three soft steps towards theta
     torch.testing.assert_close(sampler, 0.25 * base[name] + 0.75 * trained)
@@ -205,7 +212,7 @@ def test_the_sampler_is_held_then_moves_and_old_follows_its_own_schedule(tiny_mo
     for decay in (0.1, 0.2, 0.3):
         expected_old = decay * expected_old + (1 - decay) * trained
     torch.testing.assert_close(old, expected_old)
-    assert "sampler" in policy.state_dict()
+    assert "rollout" in policy.state_dict()
 
 
 def test_crd_settings_are_checked(tmp_path):

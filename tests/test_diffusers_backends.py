@@ -16,11 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowrl.backends import build_policy
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
-from flowrl.models.tiny import save_tiny_pipeline
+from flowrl.generate import generate
+from flowrl.policy import OLD, REFERENCE, build_policy
 from flowrl.run_log import read_metrics
+from flowrl.testing import save_tiny_pipeline
 from flowrl.trainer import Trainer
 
 KINDS = ("sd3", "flux")
@@ -49,6 +50,9 @@ def config_for(kind, model_dir, prompts, output_dir, *overrides):
 
 def overrides_for(kind, model_dir, prompts, output_dir, *overrides):
     """A one-step tiny run (2 prompts x 4 images at 32x32, jpeg reward) of the ``kind`` pipeline."""
+    grpo = any(
+        override in ("algorithm.name=flow_grpo", "algorithm.name=branch_grpo") for override in overrides
+    )
     return [
         f"model.backend={kind}",
         f"model.name={model_dir}",
@@ -59,7 +63,7 @@ def overrides_for(kind, model_dir, prompts, output_dir, *overrides):
         "model.lora_alpha=8",
         "sampler.num_steps=4",
         "rewards={jpeg_compressibility: 1.0}",
-        "algorithm.train_timesteps=2",
+        *([] if grpo else ["algorithm.train_timesteps=2"]),  # a GRPO section has no NFT keys
         "training.steps=1",
         "training.prompts_per_step=2",
         "training.group_size=4",
@@ -86,11 +90,11 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     config = config_for(kind, model_dir, prompt_file, tmp_path / "run", f"algorithm.name={algorithm}")
     trainer = Trainer(config)
     policy = trainer.policy
-    transformer = policy.backend.transformer
+    transformer = policy.flow_model.transformer
     before = base_weights(transformer)
     frozen_before = {
         name: value.clone()
-        for module in (policy.backend.vae, *policy.backend.text_encoders())
+        for module in (policy.flow_model.vae, *policy.flow_model.text_encoders())
         for name, value in module.state_dict().items()
     }
     adapters_before = policy.state_dict()
@@ -105,7 +109,7 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     frozen_after = {
         name: value
-        for module in (policy.backend.vae, *policy.backend.text_encoders())
+        for module in (policy.flow_model.vae, *policy.flow_model.text_encoders())
         for name, value in module.state_dict().items()
     }
     assert all(torch.equal(frozen_before[k], frozen_after[k]) for k in frozen_before)
@@ -120,8 +124,8 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     if algorithm == "flow_grpo":
         for key, value in adapters_after["default"].items():
             assert torch.equal(adapters_after["old"][key], value)
-    if algorithm == "crd":  # the decoupled sampler adapter is held at its start for sampler_delay_steps
-        assert changed["sampler"] == 0 and set(adapters_after) == {"default", "old", "sampler"}
+    if algorithm == "crd":  # the decoupled rollout adapter is held at its start for rollout_delay_steps
+        assert changed["rollout"] == 0 and set(adapters_after) == {"default", "old", "rollout"}
     assert all(p.dtype == torch.float32 and p.requires_grad for p in policy.trainable_parameters())
     with torch.no_grad():
         assert torch.equal(policy.reference_velocity(x, t, cond), reference_before)
@@ -173,12 +177,12 @@ def test_the_saved_lora_reproduces_the_trainers_images_in_a_stock_pipeline(
     seeds, num_steps = [0, 1, 2], 4
     prompts = PROMPTS[: len(seeds)]
     negative = "three yellow squares" if guidance_scale > 1 else ""  # sampler.negative_prompt's path
-    ours = trainer.policy.generate(prompts, seeds, num_steps, guidance_scale, negative_prompt=negative)
-    base = trainer.policy.generate(
-        prompts, seeds, num_steps, guidance_scale, model="base", negative_prompt=negative
+    ours = generate(trainer.policy, prompts, seeds, num_steps, guidance_scale, negative_prompt=negative)
+    base = generate(
+        trainer.policy, prompts, seeds, num_steps, guidance_scale, role=REFERENCE, negative_prompt=negative
     )
 
-    pipeline_class = trainer.policy.backend.pipeline_class()
+    pipeline_class = trainer.policy.flow_model.pipeline_class()
     pipe = pipeline_class.from_pretrained(model_dir)
     pipe.load_lora_weights(tmp_path / "run" / "model")
     options = {"guidance_scale": guidance_scale} if kind == "sd3" else {"true_cfg_scale": guidance_scale}
@@ -216,11 +220,11 @@ def test_full_fine_tuning_trains_the_transformer_and_keeps_a_frozen_reference(
     kind, model_dir = pipeline_dir
     trainer = Trainer(config_for(kind, model_dir, prompt_file, tmp_path / "run", "model.lora_rank=0"))
     policy = trainer.policy
-    reference = {k: v.clone() for k, v in policy.reference.state_dict().items()}
-    trained_before = {k: v.clone() for k, v in policy.unwrapped.state_dict().items()}
+    reference = {k: v.clone() for k, v in policy.copies.copies[REFERENCE].state_dict().items()}
+    trained_before = {k: v.clone() for k, v in policy.copies.unwrapped.state_dict().items()}
     trainer.train()
-    assert all(torch.equal(v, reference[k]) for k, v in policy.reference.state_dict().items())
-    assert any(not torch.equal(v, trained_before[k]) for k, v in policy.unwrapped.state_dict().items())
+    assert all(torch.equal(v, reference[k]) for k, v in policy.copies.copies[REFERENCE].state_dict().items())
+    assert any(not torch.equal(v, trained_before[k]) for k, v in policy.copies.unwrapped.state_dict().items())
     assert not any("lora" in name for name in trained_before)
     assert (tmp_path / "run" / "model" / "transformer" / "config.json").is_file()
 
@@ -230,13 +234,13 @@ def test_mixed_precision_keeps_lora_weights_in_float32(pipeline_dir, prompt_file
     trainer = Trainer(config_for(kind, model_dir, prompt_file, tmp_path / "run", "model.dtype=bfloat16"))
     trainer.train()
     policy = trainer.policy
-    assert policy.backend.transformer.dtype == torch.bfloat16
-    assert policy.backend.vae.dtype == torch.float32
+    assert policy.flow_model.transformer.dtype == torch.bfloat16
+    assert policy.flow_model.vae.dtype == torch.float32
     # the VAE is read in float32, not rounded to bfloat16 and upcast
-    stored = policy.backend.pipeline_class().from_pretrained(model_dir, dtype=torch.float32).vae
+    stored = policy.flow_model.pipeline_class().from_pretrained(model_dir, dtype=torch.float32).vae
     assert all(
         torch.equal(a, b)
-        for a, b in zip(policy.backend.vae.state_dict().values(), stored.state_dict().values())
+        for a, b in zip(policy.flow_model.vae.state_dict().values(), stored.state_dict().values())
     )
     assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
     assert np.isfinite(read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["loss"])
@@ -254,7 +258,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(pipeline_dir, prompt_fi
         policy = build_policy(config.model)
         for parameter in policy.trainable_parameters():  # a non-zero LoRA so that adapters differ
             parameter.data.normal_(0, 0.1)
-        policy.update_old(0.5)
+        policy.move_copies({OLD: 0.5})
         x = torch.randn(4, *policy.sample_shape, generator=torch.Generator().manual_seed(1))
         t, cond = torch.tensor(0.7), policy.encode(PROMPTS)
         v = policy.velocity(x, t, cond)
@@ -304,7 +308,7 @@ def test_backend_settings_are_checked_before_any_model_loads(tmp_path):
         load_config(None, ["model.dtype=bfloat16"])
     with pytest.raises(ConfigError, match="model.attention_backend='warp'.*allowed"):
         load_config(None, ["model.backend=sd3", "model.name=somewhere", "model.attention_backend=warp"])
-    with pytest.raises(ConfigError, match="model.name='shapes-base'.*sd3"):
+    with pytest.raises(ConfigError, match="model.name=''.*sd3"):
         load_config(None, ["model.backend=sd3"])
     with pytest.raises(ConfigError, match="sampler.negative_prompt='blurry'.*shapes backend.*allowed: ''"):
         load_config(None, ["sampler.negative_prompt=blurry"])

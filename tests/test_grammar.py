@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flowrl.shapes import grammar
-from rewards.shapes_verifier import PALETTE, RELATIONS, SHAPE_CLASSES
+from rewards.world_spec import PALETTE, RELATIONS, SHAPE_CLASSES
 
 
 @pytest.mark.parametrize("task", grammar.TASKS)

@@ -6,22 +6,20 @@ import pytest
 import torch
 from test_trainer import TINY_RUN
 
+from flowrl.advantages import group_advantages
 from flowrl.algorithms.base import TrainBatch
-from flowrl.algorithms.grpo import (
-    BranchGRPO,
-    FlowGRPO,
-    depth_advantages,
-    gaussian_mean_kl,
-    grpo_clip_loss,
-    node_rewards,
-    trained_edges,
-)
+from flowrl.algorithms.branch_grpo import BranchGRPO, depth_advantages, node_rewards, trained_edges
+from flowrl.algorithms.flow_grpo import FlowGRPO
+from flowrl.algorithms.grpo import gaussian_mean_kl, grpo_clip_loss
 from flowrl.config import load_config
-from flowrl.policy import ShapesPolicy
+from flowrl.models import ShapesFlowModel
+from flowrl.policy import make_policy
 from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
-from rewards.advantages import group_advantages
 from samplers import TreeRollout, guided_velocity, select_rows, timesteps
+
+#: the tiny run without DiffusionNFT's keys (a GRPO algorithm section has no train_timesteps)
+TINY_GRPO_RUN = [override for override in TINY_RUN if not override.startswith("algorithm.")]
 
 #: trees small enough for the tiny runs: 5 steps, splits at 0 and 2 (Mix: 0 and 1) -> 4 leaves
 TINY_TREE = {
@@ -37,7 +35,7 @@ TINY_TREE = {
 
 
 def grpo_config(name, *overrides):
-    return load_config(f"configs/shapes_{name}.yaml", [*TINY_RUN, *TINY_TREE[name], *overrides])
+    return load_config(f"configs/shapes_{name}.yaml", [*TINY_GRPO_RUN, *TINY_TREE[name], *overrides])
 
 
 def rollout_rows(algorithm, policy, config, prompts, seed=0, step=1, rewards=None, velocity=None):
@@ -98,7 +96,7 @@ def flow_sde_log_prob(v, x, x_next, t, t_next, a):
 
 def test_flow_grpo_loss_equals_a_direct_recomputation(tiny_model):
     config = grpo_config("flowgrpo", "training.group_size=4", "algorithm.kl_weight=0.1")
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     algorithm = FlowGRPO(config)
     chunk, cond, rows = rollout_rows(algorithm, policy, config, ["a red circle", "two blue squares"])
     with torch.no_grad():  # move theta away from the sampling policy so ratios differ from 1
@@ -106,7 +104,7 @@ def test_flow_grpo_loss_equals_a_direct_recomputation(tiny_model):
             parameter.add_(0.01 * torch.randn_like(parameter))
     grid = timesteps(config.sampler.num_steps)
     draws = algorithm.draw(torch.Generator().manual_seed(5), rows.count, policy.sample_shape, grid, 1)
-    loss, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index=0)
+    loss, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index=0, step=1)
 
     index = draws["step"][0]
     samples = torch.arange(rows.count)
@@ -140,8 +138,9 @@ def test_first_inner_step_ratios_are_exactly_one(tiny_model, name):
     guided = name == "flowgrpo_cfg"  # CFG rollouts, trained with a detached unconditional branch
     extra = ["sampler.guidance_scale=2.5", "algorithm.train_guidance=true"] if guided else []
     config = grpo_config(name.removesuffix("_cfg"), *extra)
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     algorithm = (BranchGRPO if name == "branchgrpo" else FlowGRPO)(config)
+    algorithm.prepare(policy)  # the trainer's call once the policy exists: exact kernels for both copies
     group = config.training.group_size
     velocity = guided_velocity(policy.old_velocity, 2.5, policy.encode([""])) if guided else None
     chunk, cond, rows = rollout_rows(
@@ -150,7 +149,7 @@ def test_first_inner_step_ratios_are_exactly_one(tiny_model, name):
     grid = timesteps(config.sampler.num_steps)
     draws = algorithm.draw(torch.Generator().manual_seed(5), 2 * group, policy.sample_shape, grid, 1)
     for pass_index in range(algorithm.passes):
-        _, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index)
+        _, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index, 1)
         assert bool((stats["grpo/ratio"] == 1).all())
         assert float(stats["grpo/clip_fraction"].sum()) == 0
 
@@ -163,7 +162,7 @@ def test_a_group_with_equal_rewards_has_zero_advantages(tiny_model):
     advantages = group_advantages(rewards, torch.arange(8) // 4)
     assert bool((advantages[:4] == 0).all()) and bool((advantages[4:] != 0).all())
     config = grpo_config("branchgrpo")
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     _, _, rows = rollout_rows(
         BranchGRPO(config), policy, config, ["a red circle"], rewards=torch.full((4,), 0.7)
     )
@@ -232,7 +231,7 @@ def test_pruning_never_changes_the_rollout_and_rows_match_the_count(tiny_model):
         "algorithm.depth_window_slide=false",
         "algorithm.width_pruning=true",
     )
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     chunk_a, _, rows_a = rollout_rows(BranchGRPO(plain), policy, plain, ["a red circle", "a blue square"])
     chunk_b, _, rows_b = rollout_rows(BranchGRPO(pruned), policy, pruned, ["a red circle", "a blue square"])
     assert torch.equal(chunk_a.x0, chunk_b.x0) and torch.equal(chunk_a.data.states, chunk_b.data.states)
@@ -246,7 +245,7 @@ def test_pruning_never_changes_the_rollout_and_rows_match_the_count(tiny_model):
 def test_mix_mode_trains_only_window_steps(tiny_model):
     config = grpo_config("branchgrpo_mix")
     algorithm = BranchGRPO(config)
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     _, _, rows = rollout_rows(algorithm, policy, config, ["a red circle"])
     grid = timesteps(config.sampler.num_steps)
     start = config.algorithm.sde_window_start
@@ -263,7 +262,7 @@ def test_grpo_recipes_train_through_the_loop(tmp_path, tiny_model_dir, name):
     config = load_config(
         f"configs/shapes_{name}.yaml",
         [
-            *TINY_RUN,
+            *TINY_GRPO_RUN,
             *TINY_TREE[name],
             f"model.name={tiny_model_dir}",
             f"logging.output_dir={tmp_path}",
@@ -284,7 +283,7 @@ def test_same_group_noise_and_dropped_zero_std_groups(tiny_model):
         "algorithm.drop_zero_std_groups=true",
         "training.micro_batch_size=4",
     )
-    policy = ShapesPolicy(tiny_model)
+    policy = make_policy(ShapesFlowModel(tiny_model))
     rewards = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.0, 1.0])
     chunk, cond, rows = rollout_rows(
         FlowGRPO(config), policy, config, ["a red circle", "two blue squares"], rewards=rewards

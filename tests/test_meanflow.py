@@ -5,7 +5,7 @@ import torch
 
 from flowrl.generate import generate
 from flowrl.models.shapes_dit import ShapesDiT
-from flowrl.shapes.pretrain import PretrainConfig, meanflow_loss, pretrain, sample_intervals
+from flowrl.pretrain import PretrainConfig, meanflow_loss, pretrain, sample_intervals
 from samplers import induced_velocity, meanflow_sample
 
 MU, SIGMA = 0.3, 0.5  # data x0 ~ N(MU, SIGMA^2) per coordinate; x_t = (1 - t) x0 + t eps
@@ -126,18 +126,24 @@ def test_with_r_equal_t_meanflow_nft_is_diffusion_nft(tiny_model, derivative):
     from flowrl.algorithms.meanflow_nft import MeanFlowNFT
     from flowrl.algorithms.nft import DiffusionNFT
     from flowrl.config import load_config
-    from flowrl.policy import ShapesPolicy
+    from flowrl.models import ShapesFlowModel
+    from flowrl.policy import make_policy
 
     model = tiny_model.as_mean_flow()
     with torch.no_grad():
         for parameter in model.interval_mlp.parameters():
             parameter.normal_(0, 0.1)
-    policy = ShapesPolicy(model)
+    policy = make_policy(ShapesFlowModel(model))
     with torch.no_grad():  # theta away from old and reference, so that every term counts
         for parameter in policy.model.parameters():
             parameter.add_(0.01 * torch.randn_like(parameter))
     config = load_config(
-        None, [f"algorithm.meanflow_derivative={derivative}", "algorithm.reference_weight=0.1"]
+        None,
+        [
+            "algorithm.name=meanflow_nft",
+            f"algorithm.meanflow_derivative={derivative}",
+            "algorithm.reference_weight=0.1",
+        ],
     )
     g = torch.Generator().manual_seed(0)
     t = torch.tensor([[0.9, 0.6, 0.3]])
@@ -147,12 +153,12 @@ def test_with_r_equal_t_meanflow_nft_is_diffusion_nft(tiny_model, derivative):
         torch.tensor([1.5, -0.5, 0.2]),
         {"t": t, "r": t.clone(), "noise": torch.randn(1, 3, 3, 32, 32, generator=g)},
     )
-    mean_flow_loss, _ = MeanFlowNFT(config).loss(policy, batch, 0)
-    nft_loss, _ = DiffusionNFT(config).loss(policy, batch, 0)
+    mean_flow_loss, _ = MeanFlowNFT(config).loss(policy, batch, 0, 1)
+    nft_loss, _ = DiffusionNFT(config).loss(policy, batch, 0, 1)
     torch.testing.assert_close(mean_flow_loss, nft_loss, rtol=1e-5, atol=1e-7)
     # ... and with r < t the induced velocity differs from u, so the loss does too
     batch.draws["r"] = torch.zeros_like(t)
-    assert MeanFlowNFT(config).loss(policy, batch, 0)[0].item() != pytest.approx(nft_loss.item())
+    assert MeanFlowNFT(config).loss(policy, batch, 0, 1)[0].item() != pytest.approx(nft_loss.item())
 
 
 def test_meanflow_nft_trains_the_intervals_of_the_few_step_sampler():

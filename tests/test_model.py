@@ -3,7 +3,8 @@ import dataclasses
 import pytest
 import torch
 
-from flowrl.generate import generate, seeded_noise
+from flowrl.generate import generate
+from flowrl.models.noise import seeded_noise
 from flowrl.models.shapes_dit import ShapesDiT
 from samplers import euler, guided_velocity, timesteps
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flowrl.algorithms.nft import nft_loss, old_policy_decay, optimality_probability, training_times
-from flowrl.config import AlgorithmConfig
+from flowrl.algorithms.nft_config import NFTConfig
 from samplers import timesteps
 
 
@@ -62,11 +62,11 @@ def test_nft_gradient_pulls_towards_positive_and_away_from_negative_samples():
 
 
 def test_old_policy_schedules():
-    soft = AlgorithmConfig()
+    soft = NFTConfig()
     assert [old_policy_decay(soft, s) for s in (1, 100, 499, 600)] == [0.001, 0.1, 0.499, 0.5]
-    hard = AlgorithmConfig(old_update="hard", old_update_every=3)
+    hard = NFTConfig(old_update="hard", old_update_every=3)
     assert [old_policy_decay(hard, s) for s in (1, 2, 3, 6)] == [None, None, 0.0, 0.0]
-    delayed = AlgorithmConfig(old_update="delayed", old_delay_steps=5)
+    delayed = NFTConfig(old_update="delayed", old_delay_steps=5)
     assert [old_policy_decay(delayed, s) for s in (5, 6, 1005)] == [None, 0.001, 0.5]
 
 

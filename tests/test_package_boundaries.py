@@ -1,4 +1,11 @@
-"""The package boundaries of DESIGN.md: rewards and samplers never import flowrl."""
+"""The package boundaries of DESIGN.md and docs/ARCHITECTURE.md, checked on the source text (no imports run).
+
+- ``rewards`` and ``samplers`` never import ``flowrl``; samplers depend on torch only;
+- the world specification (``rewards/world_spec.py``) is a leaf: standard library only;
+- no import cycle among the project's modules (module-level imports; imports inside functions are
+  deliberate late imports and ``if TYPE_CHECKING:`` blocks are for type hints only);
+- no source file over ``MAX_LINES`` lines unless its docstring says why ("Longer than ...").
+"""
 
 import ast
 from pathlib import Path
@@ -6,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("flowrl", "rewards", "samplers", "app")
+MAX_LINES = 400
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -16,6 +25,40 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             modules.add(node.module.split(".")[0])
     return modules
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _source_files() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+
+
+def _module_level_imports(path: Path, known: set[str]) -> set[str]:
+    """Project modules ``path`` imports when it is imported (top level and plain ``if``/``try`` blocks,
+    not functions, classes or ``if TYPE_CHECKING:``). ``from a import b`` counts ``a.b`` when that is a module."""
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text()).body)
+    # importing a.b.c imports the packages a and a.b first
+    with_parents = {".".join(name.split(".")[:i]) for name in found for i in range(1, name.count(".") + 2)}
+    return with_parents & known
 
 
 @pytest.mark.parametrize("package", ["rewards", "samplers"])
@@ -30,3 +73,58 @@ def test_samplers_depend_on_torch_only():
     allowed = {"torch", "samplers", "__future__", "typing", "collections", "dataclasses", "math"}
     for path in (ROOT / "samplers").rglob("*.py"):
         assert _imported_modules(path) <= allowed, (path, _imported_modules(path) - allowed)
+
+
+def test_the_world_specification_is_a_leaf():
+    assert _imported_modules(ROOT / "rewards" / "world_spec.py") <= {"__future__", "math"}
+
+
+def test_there_is_no_import_cycle():
+    files = {_module_name(path): path for path in _source_files()}
+    graph = {name: _module_level_imports(path, set(files)) - {name} for name, path in files.items()}
+    # a package imports its own __init__ first, so a module importing its package is no edge back
+    graph = {name: {dep for dep in deps if not name.startswith(dep + ".")} for name, deps in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep) :] + [dep]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    """The checker above is not vacuous: two modules importing each other are reported."""
+    package = tmp_path / "flowrl"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from flowrl.b import x\n")
+    (package / "b.py").write_text("import flowrl.a\nx = 1\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(__import__(__name__), "PACKAGES", ("flowrl",))
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_there_is_no_import_cycle()
+
+
+def test_no_file_is_long_without_a_stated_reason():
+    long_files = []
+    for path in [*_source_files(), *(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        if len(path.read_text().splitlines()) <= MAX_LINES:
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "Longer than" not in docstring:
+            long_files.append(str(path.relative_to(ROOT)))
+    assert not long_files, (
+        f"over {MAX_LINES} lines with no 'Longer than ...' reason in the docstring: {long_files}"
+    )

@@ -7,8 +7,8 @@ import torch
 from flowrl.cli import main
 from flowrl.evaluation import colour_drift, evaluation_items, geneval_scores
 from flowrl.models import SHIPPED_MODELS, load_shapes_model
+from flowrl.pretrain import PretrainConfig, learning_rate_at, pretrain
 from flowrl.shapes.grammar import TASKS, shipped_prompts
-from flowrl.shapes.pretrain import PretrainConfig, learning_rate_at, pretrain
 from flowrl.shapes.render import render_prompt
 
 TINY = dict(steps=3, batch_size=4, warmup_steps=2, hidden_size=32, depth=1, num_heads=2)

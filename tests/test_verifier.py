@@ -5,7 +5,8 @@ import torch
 from flowrl.shapes.grammar import TASKS, all_prompts, task_prompts
 from flowrl.shapes.render import SceneObject, draw_scene, render_prompt, sample_layout
 from rewards import build_reward
-from rewards.shapes_verifier import PALETTE, SHAPE_CLASSES, detect_objects, verify_image
+from rewards.shapes_verifier import detect_objects, verify_image
+from rewards.world_spec import PALETTE, SHAPE_CLASSES
 
 
 def test_renderer_and_verifier_agree_on_ground_truth():

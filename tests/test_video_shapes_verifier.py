@@ -19,15 +19,9 @@ from flowrl.video_shapes import render
 from flowrl.video_shapes.grammar import TASKS, all_prompts, sample_prompt
 from rewards import MultiReward, RewardError, build_reward, score
 from rewards.base import modality_of
-from rewards.shapes_verifier import SHAPE_CLASSES, detect_objects
-from rewards.video_shapes_verifier import (
-    DIRECTIONS,
-    SPEED_PIXELS,
-    VideoShapesVerifier,
-    appear_frame,
-    score_frames,
-    verify_clip,
-)
+from rewards.shapes_verifier import detect_objects
+from rewards.video_shapes_verifier import VideoShapesVerifier, score_frames, verify_clip
+from rewards.world_spec import DIRECTIONS, SHAPE_CLASSES, SPEED_PIXELS, appear_frame
 
 GROUND_TRUTH_CLIPS = 1000
 MIN_RATE = 0.99
@@ -219,7 +213,7 @@ def test_the_registry_builds_it_and_it_passes_the_boundary_checks(ground_truth):
     assert all(
         value.dtype == torch.float32 and value.tolist() == [1.0] * len(records) for value in scores.values()
     )
-    multi = MultiReward({"video_shapes_verifier": 1.0}, aggregation="gdpo")
+    multi = MultiReward({"video_shapes_verifier": 1.0})
     assert multi.total(multi(videos, prompts, records)).tolist() == [1.0] * len(records)
     with pytest.raises(RewardError, match=r"expects media \[B, T, 3, H, W\]"):
         score("video_shapes_verifier", verifier, videos[:, 0], prompts, records)

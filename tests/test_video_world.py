@@ -2,6 +2,9 @@
 grids and trackers, config, and the trainer (with exact resume) on tiny random-weight video models.
 
 The verifier has its own tests (tests/test_video_shapes_verifier.py); here it is only used as a judge.
+
+Longer than 400 lines on purpose: the video world end to end (grammar, renderer, model, pretraining,
+trainer, outputs) shares its tiny model fixtures.
 """
 
 import json
@@ -23,11 +26,11 @@ from flowrl.generate import generate
 from flowrl.grid import FRAME_MILLISECONDS, save_grid
 from flowrl.models import load_shapes_model
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig, TemporalAttention
+from flowrl.pretrain import PretrainConfig, initial_model, pretrain, training_batch
 from flowrl.prompts import load_prompts
 from flowrl.run_log import grid_pixels, log_grid_to_trackers, read_metrics
 from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.grammar import write_prompts
-from flowrl.shapes.pretrain import PretrainConfig, initial_model, pretrain, training_batch
 from flowrl.shapes.tokenizer import ShapesTokenizer
 from flowrl.trainer import evaluation_world, train
 from flowrl.video_shapes import grammar
@@ -39,7 +42,7 @@ from flowrl.video_shapes.render import (
     sample_motion_layout,
 )
 from flowrl.worlds import WORLDS, get_world
-from rewards.video_shapes_verifier import DIRECTION_VECTORS, SPEED_PIXELS
+from rewards.world_spec import DIRECTION_VECTORS, SPEED_PIXELS
 
 VIDEO = WORLDS["video_shapes"]
 FRAMES = 4  #: frames of the tiny video models
@@ -641,7 +644,7 @@ def test_video_prompts_pick_the_video_world_and_mismatches_are_config_errors(tmp
 def test_the_trainer_takes_the_world_of_the_model_and_refuses_the_other_kind(tmp_path, makes_clips):
     prompt_file = tmp_path / "mine.jsonl"
     write_prompts(prompt_file, grammar.shipped_prompts("train")[:4])
-    policy = types.SimpleNamespace(unwrapped=types.SimpleNamespace(is_video=makes_clips))
+    policy = types.SimpleNamespace(flow_model=types.SimpleNamespace(renders_world=True, is_video=makes_clips))
     own_prompts = load_config(None, [f"data.prompts={prompt_file}"])
     assert evaluation_world(own_prompts, policy) is (VIDEO if makes_clips else get_world("shapes"))
     other = "shapes-train" if makes_clips else "video-shapes-train"

@@ -1,37 +1,91 @@
-"""RL algorithms: one module each; the trainer picks one by ``algorithm.name``."""
+"""RL algorithms: one module each, its config dataclass beside it, one registry line each.
 
-from flowrl.algorithms.base import Algorithm, Policy, RolloutChunk, TrainBatch, TrainRows
+``algorithm.name`` in a config picks an entry of :data:`ALGORITHMS`: the
+algorithm class (the trainer's hooks, :class:`Algorithm`) and its config
+dataclass (the keys of the ``algorithm`` section). Adding an algorithm:
+write ``my_algo.py`` (+ ``my_algo_config.py``), add one line here (or call
+:func:`register_algorithm` from your own package), a recipe and a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flowrl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    RolloutChunk,
+    StepEnd,
+    TrainBatch,
+    TrainRows,
+)
+from flowrl.algorithms.branch_grpo import BranchGRPO
 from flowrl.algorithms.crd import CRD
-from flowrl.algorithms.grpo import BranchGRPO, FlowGRPO
+from flowrl.algorithms.crd_config import CRDConfig
+from flowrl.algorithms.flow_grpo import FlowGRPO
+from flowrl.algorithms.grpo_config import BranchGRPOConfig, FlowGRPOConfig
 from flowrl.algorithms.meanflow_nft import MeanFlowNFT
+from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
 from flowrl.algorithms.nft import DiffusionNFT
-from flowrl.config import TrainConfig
+from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.config_schema import ConfigError
 
-ALGORITHMS = {
-    "nft": DiffusionNFT,
-    "meanflow_nft": MeanFlowNFT,
-    "crd": CRD,
-    "flow_grpo": FlowGRPO,
-    "branch_grpo": BranchGRPO,
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """A registered algorithm: its class and its config dataclass."""
+
+    algorithm: type[Algorithm]
+    config: type[AlgorithmConfig]
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    "nft": AlgorithmEntry(DiffusionNFT, NFTConfig),
+    "meanflow_nft": AlgorithmEntry(MeanFlowNFT, MeanFlowNFTConfig),
+    "crd": AlgorithmEntry(CRD, CRDConfig),
+    "flow_grpo": AlgorithmEntry(FlowGRPO, FlowGRPOConfig),
+    "branch_grpo": AlgorithmEntry(BranchGRPO, BranchGRPOConfig),
 }
 
 
+def register_algorithm(name: str, algorithm: type[Algorithm], config: type[AlgorithmConfig]) -> None:
+    """Make ``algorithm.name: <name>`` select ``algorithm`` with the keys of ``config``."""
+    if not issubclass(config, AlgorithmConfig):
+        raise TypeError(f"{config.__name__} must subclass AlgorithmConfig")
+    ALGORITHMS[name] = AlgorithmEntry(algorithm, config)
+
+
+def algorithm_entry(name: str) -> AlgorithmEntry:
+    """The registered algorithm called ``name``; an unknown name is an error naming the allowed ones."""
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name={name!r} is not allowed; allowed: {list(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
 def build_algorithm(config: TrainConfig) -> Algorithm:
-    """The algorithm named by ``config.algorithm.name``."""
-    return ALGORITHMS[config.algorithm.name](config)
+    """The algorithm named by ``config.algorithm.name`` for a validated ``TrainConfig``."""
+    return algorithm_entry(config.algorithm.name).algorithm(config)
 
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "AlgorithmConfig",
+    "AlgorithmEntry",
     "BranchGRPO",
     "CRD",
     "DiffusionNFT",
     "FlowGRPO",
     "MeanFlowNFT",
-    "Policy",
     "RolloutChunk",
+    "StepEnd",
     "TrainBatch",
     "TrainRows",
+    "algorithm_entry",
     "build_algorithm",
+    "register_algorithm",
 ]

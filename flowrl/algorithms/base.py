@@ -1,10 +1,21 @@
-"""What the trainer needs from an algorithm and from a policy backend.
+"""The contract between the trainer and an algorithm, written once.
 
-The trainer owns the loop (prompts, rewards, advantages, optimizer,
-checkpoints); an algorithm owns what rollout it needs, how the scored rollout
-becomes training rows, how a batch of rows becomes a loss, and what state it
-keeps. DiffusionNFT, Flow-GRPO and BranchGRPO (and CRD, MeanFlowNFT) plug in
-here without touching the loop.
+The trainer owns the loop (prompts, rollouts through the policy, rewards,
+optimizer, checkpoints); an algorithm owns what rollout it needs, how rewards
+become advantages, how the scored rollout becomes training rows, how a batch
+of rows becomes a loss, and which weight copies move after each update.
+Every algorithm subclasses :class:`Algorithm` (defaults for the optional
+hooks) and has a config dataclass subclassing :class:`AlgorithmConfig`; the
+two are registered under one name in :mod:`flowrl.algorithms`.
+
+One step, as the trainer calls the hooks::
+
+    rollout(...)            per micro-batch of whole groups, with the rollout velocity
+    advantages(rewards)     once, on the rewards gathered from every process
+    training_rows(...)      the process's rows (samples, or tree edges)
+    draw(...)               the step's random draws for the global batch
+    loss(...)               per (pass, micro-batch of rows); gradients accumulate
+    after_optimizer_step()  which copies move (old, rollout) and what to log
 
 Rows: forward-process algorithms train on samples (one row per image);
 Flow-GRPO on samples too (a pass per trained SDE step); BranchGRPO on tree
@@ -16,11 +27,36 @@ the rows of its optimizer update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flowrl.advantages import RewardBatch, reward_advantages
+from flowrl.config_schema import at_least, choice
 from samplers import VelocityFn
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
+
+
+@dataclass
+class AlgorithmConfig:
+    """The keys every algorithm has (the ``algorithm`` section); each algorithm's config adds its own.
+
+    ``name`` picks the algorithm (and with it the config class) from the
+    registry of :mod:`flowrl.algorithms`; a key the chosen algorithm does not
+    have is a config error.
+    """
+
+    name: str = "nft"
+    #: advantages are clipped to ``[-advantage_clip, advantage_clip]``
+    advantage_clip: float = field(default=5.0, metadata=at_least(0.0, strict=True))
+    #: group advantages ``(R - mean_group R) / (std + eps)`` take the std over the whole batch or per group
+    std_scope: str = field(default="batch", metadata=choice("batch", "group"))
+
+    def check(self, config: TrainConfig) -> None:
+        """Rules that involve other sections (sampler steps, group sizes); raise ``ConfigError``."""
 
 
 @dataclass
@@ -70,44 +106,40 @@ class TrainBatch:
         return self.data["x0"]
 
 
-class Policy(Protocol):
-    """A trainable velocity model with its old, sampler (the old one unless separate) and reference
-    (frozen base) copies. A MeanFlow policy returns the average velocity over ``[r, t]`` when given ``r``."""
+@dataclass
+class StepEnd:
+    """What an algorithm asks for after an optimizer step: copies to move, ``{role: decay}`` of
+    ``theta_copy <- decay theta_copy + (1 - decay) theta`` (roles absent do not move), and values to log."""
 
-    def encode(self, prompts: list[str]) -> Any: ...
-
-    def velocity(
-        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def old_velocity(
-        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def reference_velocity(
-        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def sampler_velocity(
-        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def update_old(self, decay: float) -> None: ...
-
-    def update_sampler(self, decay: float) -> None: ...
+    copy_decays: dict[str, float] = field(default_factory=dict)
+    log: dict[str, float] = field(default_factory=dict)
 
 
-class Algorithm(Protocol):
-    """An RL algorithm as the trainer drives it."""
+class Algorithm:
+    """An RL algorithm as the trainer drives it (module docstring); subclasses implement the hooks
+    without a default (``rollout``, ``training_rows``, ``loss``, ``after_optimizer_step``)."""
 
     #: loss passes per batch (e.g. DiffusionNFT's training timesteps); gradients accumulate over them
-    passes: int
-    #: roll out with a separate ``sampler`` copy of the policy (its own schedule) instead of ``old``
-    separate_sampler: bool
+    passes: int = 1
+    #: the weight copies the policy keeps besides the trained weights and the frozen reference:
+    #: ``old`` (the anchor / behaviour policy), ``rollout`` (a separate rollout copy; else ``old`` samples)
+    copies: tuple[str, ...] = ("old",)
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.train_config = config
+        self.config = config.algorithm
+
+    def prepare(self, policy: Policy) -> None:
+        """Once, after the policy is built and before the first rollout (process-wide settings)."""
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         """Training rows made from ``num_samples`` samples (whole groups), known before any rollout."""
-        ...
+        return num_samples
+
+    def advantages(self, rewards: RewardBatch) -> torch.Tensor:
+        """``[samples]`` advantages of the step's global batch (gathered from every process), computed once:
+        group normalisation of the weighted total (``sum``) or GDPO's per-reward normalisation."""
+        return reward_advantages(rewards, self.train_config.reward_aggregation, self.config.std_scope)
 
     def rollout(
         self,
@@ -118,16 +150,16 @@ class Algorithm(Protocol):
         generator: torch.Generator,
         step: int,
     ) -> RolloutChunk:
-        """Roll out one micro-batch of whole groups from ``noise`` (one per sample) with the sampling
-        ``velocity`` (the old policy, guided as the sampler config says); ``generator`` draws SDE noise."""
-        ...
+        """Roll out one micro-batch of whole groups from ``noise`` (one per sample) with the rollout
+        ``velocity`` (guided as the sampler config says); ``generator`` draws SDE noise."""
+        raise NotImplementedError
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
-        """The process's rows from its scored chunks; ``advantages`` and ``rewards`` are ``[samples]``
-        (group advantages over the global batch, and the total rewards)."""
-        ...
+        """The process's rows from its scored chunks; ``advantages`` and ``rewards`` are the process's
+        ``[samples]`` slices of the global advantages and total rewards."""
+        raise NotImplementedError
 
     def draw(
         self,
@@ -143,18 +175,18 @@ class Algorithm(Protocol):
         not depend on how samples are split over processes. Only algorithms
         whose rows are samples draw anything.
         """
-        ...
+        return {}
 
     def loss(
-        self, policy: Policy, batch: TrainBatch, pass_index: int
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The scalar loss (mean over rows, ``weights`` applied) of one pass over ``batch`` and
-        per-row statistics to log."""
-        ...
+        """The scalar loss (mean over rows, ``weights`` applied) of one pass over ``batch`` at training step
+        ``step`` (1-based) and per-row statistics to log."""
+        raise NotImplementedError
 
-    def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
-        """State updates after training step ``step`` (1-based), e.g. the old policy; returns values to log."""
-        ...
+    def after_optimizer_step(self, step: int) -> StepEnd:
+        """After training step ``step`` (1-based): which copies move, and values to log."""
+        raise NotImplementedError
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

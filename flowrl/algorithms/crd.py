@@ -25,21 +25,23 @@ For the squared form the gradient through the group means vanishes exactly
 (centred residuals sum to zero in a group), so each micro-batch needs whole
 groups for the means' values only: micro-batches must hold whole groups.
 
-**Decoupled sampler.** Rollouts come from a separate ``sampler`` copy that is
-held at the base for ``sampler_delay_steps`` and then moves slowly
+**Decoupled rollout copy.** Rollouts come from a separate ``rollout`` copy that is
+held at the base for ``rollout_delay_steps`` and then moves slowly
 (``theta_s <- eta theta_s + (1 - eta) theta``); the ``old`` model of the
 log-ratio follows ``theta`` on its own (DiffusionNFT's) schedule. Without the
-split the log-ratio signal collapses as old and sampler chase each other.
+split the log-ratio signal collapses as old and rollout copies chase each other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, TrainRows, weighted_mean
+from flowrl.algorithms.base import StepEnd, TrainBatch, weighted_mean
+from flowrl.algorithms.crd_config import CRDConfig
 from flowrl.algorithms.nft import (
     ADAPTIVE_WEIGHT_MIN,
     DiffusionNFT,
@@ -49,8 +51,12 @@ from flowrl.algorithms.nft import (
     optimality_probability,
     pixel_mean,
 )
-from flowrl.config import ConfigError, TrainConfig
-from samplers import guided_velocity
+from flowrl.config_schema import ConfigError
+from flowrl.policy import OLD, REFERENCE, ROLLOUT
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
 
 
 def reconstruction_error(
@@ -124,13 +130,13 @@ def crd_loss(
 class CRD(DiffusionNFT):
     """CRD as a trainer algorithm: DiffusionNFT's rollouts, rows and draws; the CRD loss; two schedules."""
 
-    separate_sampler = True
+    config: CRDConfig
+    copies = (OLD, ROLLOUT)
 
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
         self.negative_prompt = config.sampler.negative_prompt
         self.group_size = config.training.group_size
-        self.step = 1
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         if num_samples % self.group_size:
@@ -140,17 +146,11 @@ class CRD(DiffusionNFT):
             )
         return num_samples
 
-    def training_rows(
-        self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
-    ) -> TrainRows:
-        self.step = step
-        return super().training_rows(chunks, advantages, rewards, step)
-
-    def anchor_strength(self, advantages: torch.Tensor) -> torch.Tensor:
+    def anchor_strength(self, advantages: torch.Tensor, step: int) -> torch.Tensor:
         """``lambda s(step) (floor + (1 - floor) r)`` per sample (``floor + ...`` only when adaptive)."""
         config = self.config
         if config.anchor_schedule_steps:
-            progress = min(self.step / config.anchor_schedule_steps, 1.0)
+            progress = min(step / config.anchor_schedule_steps, 1.0)
             factor = 1.0 + (config.anchor_schedule_end - 1.0) * progress
         else:
             factor = 1.0
@@ -161,15 +161,13 @@ class CRD(DiffusionNFT):
         return strength
 
     def loss(
-        self, policy: Policy, batch: TrainBatch, pass_index: int
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0, t, _, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
         with torch.no_grad():
             v_old = policy.old_velocity(x_t, t, batch.cond)
-            anchor_velocity = guided_velocity(
-                policy.reference_velocity, self.config.anchor_guidance, policy.encode([self.negative_prompt])
-            )
+            anchor_velocity = policy.guided(REFERENCE, self.config.anchor_guidance, self.negative_prompt)
             v_anchor = anchor_velocity(x_t, t, batch.cond)
         terms = crd_loss(
             v_theta,
@@ -184,7 +182,7 @@ class CRD(DiffusionNFT):
             self.config.advantage_clip,
             self.config.crd_loss,
             self.config.adaptive_weighting,
-            self.anchor_strength(batch.advantages),
+            self.anchor_strength(batch.advantages, step),
         )
         stats = {
             "crd/matching_loss": terms.matching.detach(),
@@ -197,21 +195,21 @@ class CRD(DiffusionNFT):
         }
         return weighted_mean(terms.loss, batch.weights), stats
 
-    def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
-        log = {}
-        old_decay = old_policy_decay(self.config, step)
-        if old_decay is not None:
-            policy.update_old(old_decay)
+    def after_optimizer_step(self, step: int) -> StepEnd:
         config = self.config
-        sampler_decay = delayed_decay(
+        old_decay = old_policy_decay(config, step)
+        rollout_decay = delayed_decay(
             step,
-            config.sampler_delay_steps,
-            config.sampler_decay_start,
-            config.sampler_decay_rate,
-            config.sampler_decay_max,
+            config.rollout_delay_steps,
+            config.rollout_decay_start,
+            config.rollout_decay_rate,
+            config.rollout_decay_max,
         )
-        if sampler_decay is not None:
-            policy.update_sampler(sampler_decay)
-        log["crd/old_decay"] = -1.0 if old_decay is None else old_decay
-        log["crd/sampler_decay"] = -1.0 if sampler_decay is None else sampler_decay
-        return log
+        decays = {
+            role: decay for role, decay in ((OLD, old_decay), (ROLLOUT, rollout_decay)) if decay is not None
+        }
+        log = {
+            "crd/old_decay": -1.0 if old_decay is None else old_decay,
+            "crd/rollout_decay": -1.0 if rollout_decay is None else rollout_decay,
+        }
+        return StepEnd(decays, log)

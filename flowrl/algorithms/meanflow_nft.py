@@ -35,14 +35,18 @@ on the rollout grid (``sampler.num_steps``, typically 4), CFG-free.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, weighted_mean
+from flowrl.algorithms.base import RolloutChunk, TrainBatch, weighted_mean
+from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
 from flowrl.algorithms.nft import DiffusionNFT, nft_loss, noised_samples, optimality_probability, pixel_mean
-from flowrl.config import TrainConfig
 from samplers import VelocityFn, induced_velocity, interval_pairs, meanflow_sample
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
 
 
 def interval_starts(
@@ -63,10 +67,12 @@ def interval_starts(
 class MeanFlowNFT(DiffusionNFT):
     """MeanFlowNFT as a trainer algorithm (module docstring); rows are samples, as DiffusionNFT's."""
 
+    config: MeanFlowNFTConfig
+
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
-        self.derivative = config.algorithm.meanflow_derivative
-        self.interval = config.algorithm.meanflow_interval
+        self.derivative = self.config.meanflow_derivative
+        self.interval = self.config.meanflow_interval
 
     def rollout(
         self,
@@ -103,7 +109,7 @@ class MeanFlowNFT(DiffusionNFT):
         return draws
 
     def loss(
-        self, policy: Policy, batch: TrainBatch, pass_index: int
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0, t, noise, x_t = noised_samples(batch, pass_index)
         r = batch.draws["r"][pass_index].to(x0.device)

@@ -24,13 +24,18 @@ with ``eta = min(rate * step, max)`` ("soft"), a copy every ``k`` steps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flowrl.algorithms.base import Policy, RolloutChunk, TrainBatch, TrainRows, weighted_mean
-from flowrl.config import AlgorithmConfig, TrainConfig
+from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean
+from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.policy import OLD
 from samplers import ODE_SOLVERS, VelocityFn
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
 
 ADAPTIVE_WEIGHT_MIN = 1e-5
 
@@ -89,7 +94,7 @@ def nft_loss(
     return NFTTerms(policy + reference_weight * reference, positive, negative, reference)
 
 
-def old_policy_decay(config: AlgorithmConfig, step: int) -> float | None:
+def old_policy_decay(config: NFTConfig, step: int) -> float | None:
     """``eta`` of ``theta_old <- eta theta_old + (1 - eta) theta`` after optimizer step ``step`` (1-based).
 
     ``None`` means no update this step. "soft": ``min(start + rate * step, max)``;
@@ -133,18 +138,15 @@ def noised_samples(batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, ..
     return x0, t, noise, (1 - column) * x0 + column * noise
 
 
-class DiffusionNFT:
+class DiffusionNFT(Algorithm):
     """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
 
-    separate_sampler = False
+    config: NFTConfig
 
     def __init__(self, config: TrainConfig) -> None:
-        self.config = config.algorithm
+        super().__init__(config)
         self.solver = ODE_SOLVERS[config.sampler.solver]
-        self.passes = config.algorithm.train_timesteps
-
-    def num_rows(self, num_samples: int, step: int = 1) -> int:
-        return num_samples
+        self.passes = self.config.train_timesteps
 
     def rollout(
         self,
@@ -177,7 +179,7 @@ class DiffusionNFT:
         return {"t": times, "noise": noise}
 
     def loss(
-        self, policy: Policy, batch: TrainBatch, pass_index: int
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0, t, noise, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
@@ -210,8 +212,8 @@ class DiffusionNFT:
         }
         return weighted_mean(terms.loss, batch.weights), stats
 
-    def after_optimizer_step(self, policy: Policy, step: int) -> dict[str, float]:
+    def after_optimizer_step(self, step: int) -> StepEnd:
         decay = old_policy_decay(self.config, step)
-        if decay is not None:
-            policy.update_old(decay)
-        return {"nft/old_decay": -1.0 if decay is None else decay}
+        return StepEnd(
+            {} if decay is None else {OLD: decay}, {"nft/old_decay": -1.0 if decay is None else decay}
+        )

@@ -1,25 +1,125 @@
-"""Policy models. ``load_shapes_model`` resolves the shipped base model by name."""
+"""Model backends: one file each, one registry line each.
 
+``model.backend`` in a config picks a class of :data:`BACKENDS`; the class
+declares the keys of its ``model`` section (``config_class``), checks them
+with the rest of the config (``check``), builds itself (``from_config``) and
+chooses how its weight copies are kept (``weight_copies``). As a *flow
+model* it then gives a policy (:mod:`flowrl.policy`) what sampling and
+training need: ``encode``, ``velocity(network, x, t, cond[, r])``,
+``decode``, ``initial_noise``, ``sample_shape``, ``time_shift``, ``device``,
+``mean_flow``, ``to``, ``save_network`` (:class:`FlowModel`).
+
+Adding a diffusers backend: ``my_model.py`` subclassing
+:class:`~flowrl.models.diffusers_model.DiffusersFlowModel`, one line here (or
+:func:`register_backend`), a tiny builder in :mod:`flowrl.testing`, a recipe
+and a test. The diffusers backends import diffusers only when they load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+from torch import nn
+
+from flowrl.config_schema import ConfigError
+from flowrl.models.diffusers_model import DiffusersFlowModel, DiffusersModelConfig
+from flowrl.models.flux import FluxModel, FluxModelConfig
+from flowrl.models.sd3 import SD3Model
+from flowrl.models.shapes import (
+    SHIPPED_MODELS,
+    ShapesFlowModel,
+    ShapesModelConfig,
+    load_shapes_model,
+)
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+from flowrl.models.wan import WanModel, WanModelConfig
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED_MODELS = {
-    "shapes-base": ASSETS / "shapes_base",
-    "shapes-meanflow": ASSETS / "shapes_meanflow",
-    "shapes-video": ASSETS / "shapes_video",
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+class FlowModel(Protocol):
+    """What a backend gives a policy (module docstring)."""
+
+    config_class: type
+    renders_world: bool
+    generate_batch_size: int
+    network: nn.Module
+
+    @classmethod
+    def check(cls, config: TrainConfig) -> None: ...
+
+    @classmethod
+    def from_config(cls, config: Any) -> FlowModel: ...
+
+    def weight_copies(self, config: Any, roles: Sequence[str]) -> Any: ...
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def time_shift(self) -> float: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def mean_flow(self) -> bool: ...
+
+    def to(self, device: torch.device | str) -> FlowModel: ...
+
+    def encode(self, prompts: list[str]) -> Any: ...
+
+    def velocity(
+        self, network: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any, **r: Any
+    ) -> torch.Tensor: ...
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor: ...
+
+    def save_network(self, network: nn.Module, directory: Path) -> None: ...
+
+
+BACKENDS: dict[str, type] = {
+    "shapes": ShapesFlowModel,
+    "sd3": SD3Model,
+    "flux": FluxModel,
+    "wan": WanModel,
 }
 
 
-def load_shapes_model(name_or_path: str) -> ShapesDiT:
-    """A shapes model by shipped name (``shapes-base``) or by the path of a saved model directory."""
-    path = SHIPPED_MODELS.get(name_or_path, Path(name_or_path))
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {name_or_path!r} is neither a shipped model {sorted(SHIPPED_MODELS)} nor a directory"
-        )
-    return ShapesDiT.from_pretrained(path)
+def register_backend(name: str, backend: type) -> None:
+    """Make ``model.backend: <name>`` select ``backend`` (a :class:`FlowModel` class)."""
+    BACKENDS[name] = backend
 
 
-__all__ = ["SHIPPED_MODELS", "ShapesDiT", "ShapesDiTConfig", "load_shapes_model"]
+def backend_class(name: str) -> type:
+    """The registered backend called ``name``; an unknown name is an error naming the allowed ones."""
+    if name not in BACKENDS:
+        raise ConfigError(f"model.backend={name!r} is not allowed; allowed: {list(BACKENDS)}")
+    return BACKENDS[name]
+
+
+__all__ = [
+    "BACKENDS",
+    "SHIPPED_MODELS",
+    "DiffusersFlowModel",
+    "DiffusersModelConfig",
+    "FlowModel",
+    "FluxModel",
+    "FluxModelConfig",
+    "SD3Model",
+    "ShapesDiT",
+    "ShapesDiTConfig",
+    "ShapesFlowModel",
+    "ShapesModelConfig",
+    "WanModel",
+    "WanModelConfig",
+    "backend_class",
+    "load_shapes_model",
+    "register_backend",
+]

@@ -1,4 +1,4 @@
-"""What the SD3 and FLUX backends share: a loaded diffusers pipeline seen as a velocity model.
+"""What the SD3, FLUX and Wan backends share: a loaded diffusers pipeline seen as a flow model.
 
 A backend turns the pipeline into the pieces the trainer needs:
 
@@ -17,15 +17,47 @@ A backend turns the pipeline into the pieces the trainer needs:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from flowrl.generate import seeded_noise
+from flowrl.config_schema import ConfigError, at_least, choice
+from flowrl.models.dtypes import DTYPES
+from flowrl.models.noise import seeded_noise
+from flowrl.weight_copies import AdapterCopies, ModuleCopies
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class DiffusersModelConfig:
+    """The ``model`` section of a diffusers backend (``sd3``, ``flux``, ``wan``): a diffusers
+    ``from_pretrained`` id (read from the local HF cache when offline) or pipeline directory, trained
+    through peft LoRA adapters (``lora_rank: 0`` = full fine-tuning of the transformer)."""
+
+    name: str = ""
+    backend: str = "sd3"
+    #: the frozen weights' dtype; trainable LoRA weights stay float32
+    dtype: str = field(default="float32", metadata=choice(*DTYPES))
+    height: int = field(default=512, metadata=at_least(16))
+    width: int = field(default=512, metadata=at_least(16))
+    #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX and Wan)
+    max_sequence_length: int | None = field(default=None, metadata=at_least(1))
+    lora_rank: int = field(default=32, metadata=at_least(0))
+    lora_alpha: float = field(default=64.0, metadata=at_least(0.0, strict=True))
+    #: module name suffixes to adapt (empty = the attention projections of every block)
+    lora_target_modules: list[str] = field(default_factory=list)
+    gradient_checkpointing: bool = False
+    #: a diffusers attention backend (``native`` = PyTorch SDPA, ``xformers``, ``flash``, ...); None = default
+    attention_backend: str | None = None
+    #: ``torch.compile`` the transformer
+    compile: bool = False
+    #: keep the text encoders on the CPU between prompt encodings
+    offload_text_encoders: bool = True
 
 
 class DiffusersFlowModel:
@@ -37,6 +69,13 @@ class DiffusersFlowModel:
     default_max_sequence_length: ClassVar[int]
     #: LoRA targets when the config names none: the attention projections of the joint blocks
     default_lora_targets: ClassVar[tuple[str, ...]]
+    #: the keys of the ``model`` section
+    config_class: ClassVar[type] = DiffusersModelConfig
+    #: the held-out evaluation renders a shapes world: not for these models
+    renders_world: ClassVar[bool] = False
+    mean_flow: ClassVar[bool] = False
+    #: images per generation batch
+    generate_batch_size: ClassVar[int] = 16
 
     def __init__(
         self,
@@ -88,6 +127,89 @@ class DiffusersFlowModel:
                 f"model.name={name_or_path!r} could not be loaded as a {cls.pipeline_class_name} {where}: {error}"
             ) from error
         return cls(pipeline, **kwargs)
+
+    @classmethod
+    def check(cls, config: TrainConfig) -> None:
+        """Model settings that need more than one key (or another section), before anything loads."""
+        model = config.model
+        if model.name in ("", "shapes-base"):
+            raise ConfigError(
+                f"model.name={model.name!r} is not allowed for model.backend={model.backend!r}; give a diffusers "
+                "pipeline id (e.g. stabilityai/stable-diffusion-3.5-medium) or directory"
+            )
+        for key in ("height", "width"):
+            if getattr(model, key) % 16:
+                raise ConfigError(
+                    f"model.{key}={getattr(model, key)} is not allowed; it must be a multiple of 16 "
+                    "(VAE downsampling x latent packing)"
+                )
+        if model.attention_backend is not None:
+            from diffusers.models.attention_dispatch import AttentionBackendName
+
+            allowed = [backend.value for backend in AttentionBackendName]
+            if model.attention_backend not in allowed:
+                raise ConfigError(
+                    f"model.attention_backend={model.attention_backend!r} is not allowed; allowed: {allowed}"
+                )
+        if config.evaluation.guidance_scales or config.evaluation.base_guidance_scales:
+            raise ConfigError(
+                f"evaluation.guidance_scales={config.evaluation.guidance_scales} and evaluation.base_guidance_scales="
+                f"{config.evaluation.base_guidance_scales}: the held-out evaluation renders a shapes world and runs "
+                f"on shapes models only; set both to [] for model.backend={model.backend!r}"
+            )
+
+    @classmethod
+    def model_kwargs(cls, config: Any) -> dict[str, Any]:
+        """Constructor arguments of this backend read from its config (beyond the shared ones)."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config: Any) -> DiffusersFlowModel:
+        """The pipeline of ``config.name`` with the config's size, text length and attention."""
+        model = cls.from_pretrained(
+            config.name,
+            config.dtype,
+            height=config.height,
+            width=config.width,
+            max_sequence_length=config.max_sequence_length,
+            offload_text_encoders=config.offload_text_encoders,
+            **cls.model_kwargs(config),
+        )
+        if config.attention_backend:
+            model.transformer.set_attention_backend(config.attention_backend)
+        return model
+
+    def weight_copies(self, config: Any, roles: Sequence[str]) -> AdapterCopies | ModuleCopies:
+        """LoRA adapters per role (``lora_rank > 0``), else module copies of the transformer."""
+        transformer = self.transformer
+        transformer.requires_grad_(False)
+        if config.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        if config.lora_rank:
+            from peft import LoraConfig
+
+            lora = LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                init_lora_weights="gaussian",
+                target_modules=list(config.lora_target_modules or self.default_lora_targets),
+            )
+            copies: AdapterCopies | ModuleCopies = AdapterCopies(transformer, lora, roles)
+        else:
+            copies = ModuleCopies(transformer.requires_grad_(True), roles)
+        transformer.train()
+        if config.compile:
+            transformer.compile()
+        return copies
+
+    @property
+    def network(self) -> nn.Module:
+        return self.transformer
+
+    def save_network(self, network: nn.Module, directory: Path) -> None:
+        """A fully fine-tuned transformer, as ``transformer/`` of a pipeline directory."""
+        directory.mkdir(parents=True, exist_ok=True)
+        network.save_pretrained(directory / "transformer")
 
     # --- what subclasses define ----------------------------------------------------------------------
 

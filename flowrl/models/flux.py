@@ -17,19 +17,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from flowrl.generate import seeded_noise
-from flowrl.models.diffusers_model import DiffusersFlowModel
+from flowrl.config_schema import at_least
+from flowrl.models.diffusers_model import DiffusersFlowModel, DiffusersModelConfig
+from flowrl.models.noise import seeded_noise
+
+
+@dataclass
+class FluxModelConfig(DiffusersModelConfig):
+    """The ``model`` section of ``backend: flux``: the diffusers keys plus FLUX.1-dev's guidance input."""
+
+    backend: str = "flux"
+    #: FLUX.1-dev's embedded guidance value (models without a guidance input ignore it)
+    guidance: float = field(default=3.5, metadata=at_least(0.0))
 
 
 class FluxModel(DiffusersFlowModel):
     """A FLUX.1 pipeline as a velocity model (see module docstring)."""
 
     pipeline_class_name = "FluxPipeline"
+    config_class = FluxModelConfig
     default_max_sequence_length = 512
     default_lora_targets = (
         "attn.to_k",
@@ -41,6 +53,10 @@ class FluxModel(DiffusersFlowModel):
         "attn.add_v_proj",
         "attn.to_add_out",
     )
+
+    @classmethod
+    def model_kwargs(cls, config: FluxModelConfig) -> dict[str, Any]:
+        return {"guidance": config.guidance}
 
     def __init__(self, pipeline: Any, height: int, width: int, guidance: float = 3.5, **kwargs: Any) -> None:
         super().__init__(pipeline, height, width, **kwargs)

@@ -38,6 +38,9 @@ and time jointly; ``video_attention: joint``) or, ``factorized``, within each
 frame followed by attention across the frames of each patch position (a
 :class:`TemporalAttention` layer per block that starts as the identity).
 :meth:`ShapesDiT.as_video` makes one from an image model.
+
+Longer than 400 lines on purpose: one model, one file (diffusers' rule), read in the order the data
+flows; its image, video and MeanFlow variants share every layer.
 """
 
 from __future__ import annotations

@@ -17,12 +17,26 @@ scheduler's ``flow_shift`` (Wan 2.1 ships 3.0 for 480p; 5.0 is meant for 720p).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from flowrl.models.diffusers_model import DiffusersFlowModel
+from flowrl.config_schema import ConfigError, at_least
+from flowrl.models.diffusers_model import DiffusersFlowModel, DiffusersModelConfig
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class WanModelConfig(DiffusersModelConfig):
+    """The ``model`` section of ``backend: wan``: the diffusers keys plus the clip length."""
+
+    backend: str = "wan"
+    #: frames per clip, 4k+1 (the VAE folds 4 frames into a latent after the first; 1 = single frames)
+    num_frames: int = field(default=81, metadata=at_least(1))
 
 
 def check_num_frames(num_frames: int, temporal_factor: int = 4) -> None:
@@ -38,6 +52,7 @@ class WanModel(DiffusersFlowModel):
     """A Wan 2.1 text-to-video pipeline as a velocity model (see module docstring)."""
 
     pipeline_class_name = "WanPipeline"
+    config_class = WanModelConfig
     default_max_sequence_length = 512
     default_lora_targets = (
         "attn1.to_q",
@@ -49,6 +64,18 @@ class WanModel(DiffusersFlowModel):
         "attn2.to_v",
         "attn2.to_out.0",
     )
+
+    @classmethod
+    def check(cls, config: TrainConfig) -> None:
+        try:
+            check_num_frames(config.model.num_frames)
+        except ValueError as error:
+            raise ConfigError(f"model.{error}") from error
+        super().check(config)
+
+    @classmethod
+    def model_kwargs(cls, config: WanModelConfig) -> dict[str, Any]:
+        return {"num_frames": config.num_frames}
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rewards.shapes_verifier import PALETTE, RELATIONS, SHAPE_CLASSES
+from rewards.world_spec import PALETTE, RELATIONS, SHAPE_CLASSES
 
 TASKS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 COLORS: tuple[str, ...] = tuple(PALETTE)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from rewards.shapes_verifier import PALETTE, SHAPE_CLASSES
+from rewards.world_spec import PALETTE, SHAPE_CLASSES
 
 IMAGE_SIZE = 32
 SUPERSAMPLE = 4

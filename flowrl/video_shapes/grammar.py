@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.shapes.grammar import COLORS, PhraseGrammar
-from rewards.shapes_verifier import SHAPE_CLASSES
-from rewards.video_shapes_verifier import DIRECTIONS, SPEED_PIXELS
+from rewards.world_spec import DIRECTIONS, SHAPE_CLASSES, SPEED_PIXELS
 
 TASKS: tuple[str, ...] = ("motion", "color_motion", "speed", "two_motion", "appear")
 SPEEDS: tuple[str, ...] = tuple(SPEED_PIXELS)

@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 
 from flowrl.shapes.render import COLORS, GAP, SceneObject, draw_scene
-from rewards.shapes_verifier import PALETTE, SHAPE_CLASSES
-from rewards.video_shapes_verifier import DIRECTION_VECTORS, MIN_FIT_FRAMES, SPEED_PIXELS, appear_frame
+from rewards.world_spec import (
+    DIRECTION_VECTORS,
+    MIN_FIT_FRAMES,
+    PALETTE,
+    SHAPE_CLASSES,
+    SPEED_PIXELS,
+    appear_frame,
+)
 
 NUM_FRAMES = 8
 IMAGE_SIZE = 32

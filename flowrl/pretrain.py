@@ -46,9 +46,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.generate import images_to_model_space
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.models import load_shapes_model
+from flowrl.models.shapes import images_to_model_space
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.render import render_prompt

@@ -12,7 +12,7 @@ tokenizer's); the T5 (and Wan's UMT5) stand-in is a word-level ``tokenizers``
 model over the shapes grammar's words (unknown words map to ``<unk>``), ending
 each sequence with ``</s>`` as T5 does.
 
-``python -m flowrl.models.tiny sd3 DIR`` (or ``flux``, ``wan``) writes a tiny
+``python -m flowrl.testing sd3 DIR`` (or ``flux``, ``wan``) writes a tiny
 pipeline directory that ``model.name`` can point at.
 """
 

@@ -1,0 +1,48 @@
+"""The ``algorithm`` section of CRD (``name: crd``): DiffusionNFT's keys (timesteps, adaptive weighting,
+the old model's schedule) plus the reward matching, the KL anchor and the decoupled rollout copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.config_schema import ConfigError, at_least, choice
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class CRDConfig(NFTConfig):
+    """CRD (:mod:`flowrl.algorithms.crd`)."""
+
+    name: str = "crd"
+    crd_loss: str = field(default="squared", metadata=choice("squared", "logistic"))
+    #: beta of ``beta * l_theta`` matched to the centred optimality probability
+    crd_beta: float = field(default=1.0, metadata=at_least(0.0, strict=True))
+    anchor_weight: float = field(default=0.1, metadata=at_least(0.0))
+    #: the anchor's reference velocity is the base model's CFG mix at this guidance scale
+    anchor_guidance: float = field(default=4.5, metadata=at_least(1.0))
+    #: reward-adaptive strength ``floor + (1 - floor) r`` per sample (r: optimality probability)
+    anchor_adaptive: bool = True
+    anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
+    #: the strength's schedule: factor 1 at step 0 moving linearly to ``anchor_schedule_end`` over
+    #: ``anchor_schedule_steps`` steps (0 = constant)
+    anchor_schedule_end: float = field(default=1.0, metadata=at_least(0.0))
+    anchor_schedule_steps: int = field(default=0, metadata=at_least(0))
+    #: the rollout copy: frozen (the base) for ``rollout_delay_steps``, then
+    #: ``theta_r <- eta theta_r + (1 - eta) theta`` with ``eta = min(start + rate * (step - delay), max)``
+    rollout_delay_steps: int = field(default=75, metadata=at_least(0))
+    rollout_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    rollout_decay_rate: float = field(default=0.0075, metadata=at_least(0.0))
+    rollout_decay_max: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+
+    def check(self, config: TrainConfig) -> None:
+        super().check(config)
+        if config.training.micro_batch_size % config.training.group_size:
+            raise ConfigError(
+                f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must "
+                f"be a multiple of training.group_size={config.training.group_size} (the loss centres within "
+                "whole groups)"
+            )

@@ -1,0 +1,109 @@
+"""Flow-GRPO (Liu et al., 2025): the flat case of :mod:`flowrl.algorithms.grpo`.
+
+``K`` independent SDE rollouts per prompt, group advantages on the final
+reward, every stochastic step of a sample sharing its advantage; per
+iteration a random ``timestep_fraction`` of each sample's stochastic steps is
+trained (one pass each). Rows are samples.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from flowrl.advantages import zero_std_groups
+from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
+from flowrl.algorithms.grpo import GRPOAlgorithm, sde_window
+from flowrl.algorithms.grpo_config import FlowGRPOConfig
+from samplers import VelocityFn, sde_sample, stochastic_steps
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
+
+
+class FlowGRPO(GRPOAlgorithm):
+    """Flat Flow-GRPO: rows are samples, one pass per trained SDE step (module docstring)."""
+
+    config: FlowGRPOConfig
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        num_steps = config.sampler.num_steps
+        stochastic = self.config.sde_window_size or num_steps - 1
+        self.passes = max(1, round(self.config.timestep_fraction * stochastic))
+
+    def rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        if self.config.same_group_noise:
+            size = self.train_config.training.group_size
+            noise = noise[::size].repeat_interleave(size, dim=0)
+        rollout = sde_sample(
+            velocity,
+            noise,
+            grid,
+            cond,
+            self.config.noise_level,
+            self.config.sde_variant,
+            sde_window(self.train_config, step),
+            generator,
+        )
+        data = {
+            "latents": rollout.latents,
+            "log_probs": rollout.log_probs,
+            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
+        }
+        return RolloutChunk(rollout.x0, data)
+
+    def training_rows(
+        self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
+    ) -> TrainRows:
+        data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}
+        weights, log = None, {}
+        if self.config.drop_zero_std_groups:
+            group_size = self.train_config.training.group_size
+            keep = (~zero_std_groups(rewards, group_size)).float().repeat_interleave(group_size)
+            weights, log = keep, {"grpo/dropped_samples": float(1 - keep.mean())}
+        return TrainRows(data, torch.arange(advantages.shape[0]), advantages, weights, log)
+
+    def draw(
+        self,
+        generator: torch.Generator,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        grid: torch.Tensor,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        """``step``: ``[passes, num_samples]`` distinct stochastic step indices per sample."""
+        num_steps = len(grid) - 1
+        window = sde_window(self.train_config, step)
+        candidates = torch.nonzero(stochastic_steps(num_steps, self.config.noise_level, window)).flatten()
+        order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[:, : self.passes]
+        return {"step": candidates[order].T.contiguous()}
+
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        latents, log_probs = batch.data["latents"], batch.data["log_probs"]
+        index = batch.draws["step"][pass_index].to(latents.device)
+        rows = torch.arange(latents.shape[0], device=latents.device)
+        grid = batch.data["timesteps"]
+        level = torch.full((latents.shape[0],), self.config.noise_level, device=latents.device)
+        return self.transition_loss(
+            policy,
+            batch,
+            latents[rows, index],
+            latents[rows, index + 1],
+            grid[rows, index],
+            grid[rows, index + 1],
+            level,
+            log_probs[rows, index],
+        )

@@ -1,0 +1,121 @@
+"""The ``algorithm`` sections of Flow-GRPO (``name: flow_grpo``) and BranchGRPO (``name: branch_grpo``).
+
+Both share :class:`GRPOConfig`: the Flow-SDE, the clipped ratio, the KL to the
+reference and the SDE window (MixGRPO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flowrl.algorithms.base import AlgorithmConfig
+from flowrl.config_schema import ConfigError, at_least, choice
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class GRPOConfig(AlgorithmConfig):
+    """What both GRPO variants read (:mod:`flowrl.algorithms.grpo`)."""
+
+    #: eps of the ratio clip ``clip(rho, 1 - eps, 1 + eps)``
+    clip_range: float = field(default=1e-4, metadata=at_least(0.0, strict=True))
+    #: beta_KL of the KL to the frozen reference on the step means
+    kl_weight: float = field(default=0.04, metadata=at_least(0.0))
+    #: the Flow-SDE noise level a
+    noise_level: float = field(default=0.7, metadata=at_least(0.0, strict=True))
+    sde_variant: str = field(default="flow", metadata=choice("flow", "cps"))
+    #: steps ``[start, start + size)`` are stochastic (0 = all but the last); with ``sde_window_slide``
+    #: the window moves ``sde_window_stride`` steps every ``sde_window_every`` iterations (MixGRPO)
+    sde_window_size: int = field(default=0, metadata=at_least(0))
+    sde_window_start: int = field(default=0, metadata=at_least(0))
+    sde_window_slide: bool = False
+    sde_window_stride: int = field(default=1, metadata=at_least(1))
+    sde_window_every: int = field(default=1, metadata=at_least(1))
+    #: train the CFG-guided velocity (sampler.guidance_scale) with the unconditional branch detached
+    train_guidance: bool = False
+
+    def check(self, config: TrainConfig) -> None:
+        """The SDE window agrees with the sampler's step count."""
+        steps = config.sampler.num_steps
+        if steps < 2:
+            raise ConfigError(f"sampler.num_steps={steps} is not allowed for {self.name}; it needs >= 2")
+        if self.sde_window_size and (
+            self.sde_window_size > steps - 1
+            or (not self.sde_window_slide and self.sde_window_start + self.sde_window_size > steps - 1)
+        ):
+            raise ConfigError(
+                f"algorithm.sde_window_start={self.sde_window_start} + sde_window_size="
+                f"{self.sde_window_size} is not allowed; the window must lie in the first {steps - 1} steps "
+                f"(sampler.num_steps={steps}; the last step is deterministic)"
+            )
+
+
+@dataclass
+class FlowGRPOConfig(GRPOConfig):
+    """Flat Flow-GRPO (:mod:`flowrl.algorithms.flow_grpo`)."""
+
+    name: str = "flow_grpo"
+    #: share of each sample's stochastic steps trained per iteration (a random subset per sample)
+    timestep_fraction: float = field(default=1.0, metadata={"min": 0.0, "strict": True, "max": 1.0})
+    #: all samples of a group start from the same noise (they differ by their SDE noise only)
+    same_group_noise: bool = False
+    #: groups whose rewards are all equal get weight 0 in the loss
+    drop_zero_std_groups: bool = False
+
+    def check(self, config: TrainConfig) -> None:
+        super().check(config)
+        if self.same_group_noise and config.training.micro_batch_size % config.training.group_size:
+            raise ConfigError(
+                f"training.micro_batch_size={config.training.micro_batch_size} is not allowed with "
+                f"algorithm.same_group_noise; it must be a multiple of group_size={config.training.group_size}"
+            )
+
+
+@dataclass
+class BranchGRPOConfig(GRPOConfig):
+    """BranchGRPO (:mod:`flowrl.algorithms.branch_grpo`): the tree, node rewards and pruning."""
+
+    name: str = "branch_grpo"
+    split_steps: list[int] = field(default_factory=lambda: [0, 2, 4])
+    branching: int = field(default=2, metadata=at_least(2))
+    #: the noise level of split steps (None = ``noise_level``)
+    split_noise_level: float | None = None
+    node_reward: str = field(default="mean", metadata=choice("mean", "fusion"))
+    #: depth pruning: train only edges into depths ``[depth_window_start, +size)`` (0 = all depths),
+    #: sliding by one depth per iteration with ``depth_window_slide``
+    depth_window_size: int = field(default=0, metadata=at_least(0))
+    depth_window_start: int = field(default=0, metadata=at_least(0))
+    depth_window_slide: bool = False
+    #: width pruning: per tree and depth keep only the best and worst quarter of nodes by advantage
+    width_pruning: bool = False
+
+    def check(self, config: TrainConfig) -> None:
+        """The tree's shape agrees with the sampler's steps, the group size and the micro-batches."""
+        super().check(config)
+        steps = config.sampler.num_steps
+        bad = [split for split in self.split_steps if not 0 <= split < steps - 1]
+        if bad or not self.split_steps or len(set(self.split_steps)) != len(self.split_steps):
+            raise ConfigError(
+                f"algorithm.split_steps={self.split_steps} is not allowed; give distinct steps in "
+                f"[0, {steps - 2}] (sampler.num_steps={steps}; the last step is deterministic)"
+            )
+        leaves = self.branching ** len(self.split_steps)
+        if config.training.group_size != leaves:
+            raise ConfigError(
+                f"training.group_size={config.training.group_size} is not allowed for branch_grpo; it must "
+                f"equal branching ** len(split_steps) = {self.branching} ** {len(self.split_steps)} = {leaves} "
+                "(the leaves of one tree)"
+            )
+        if config.training.micro_batch_size % leaves:
+            raise ConfigError(
+                f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for branch_grpo; "
+                f"it must be a multiple of the {leaves} leaves of a tree (rollouts are whole trees)"
+            )
+        if self.depth_window_size and self.depth_window_size > steps - 1:
+            raise ConfigError(
+                f"algorithm.depth_window_size={self.depth_window_size} is not allowed; at most {steps - 1} "
+                f"(the stochastic depths of sampler.num_steps={steps})"
+            )

@@ -1,0 +1,36 @@
+"""The ``algorithm`` section of MeanFlowNFT (``name: meanflow_nft``): DiffusionNFT's keys plus ``meanflow_*``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.config_schema import ConfigError, choice
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class MeanFlowNFTConfig(NFTConfig):
+    """MeanFlowNFT (:mod:`flowrl.algorithms.meanflow_nft`): how d/dt u is taken and which interval is trained."""
+
+    name: str = "meanflow_nft"
+    #: ``jvp`` through theta, or a no-grad ``central`` difference on the old model, shared
+    meanflow_derivative: str = field(default="jvp", metadata=choice("jvp", "central"))
+    #: which interval ``[r, t]`` is trained (module docstring of the algorithm)
+    meanflow_interval: str = field(default="pairs", metadata=choice("pairs", "grid", "equal", "uniform"))
+    #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws, DESIGN.md section 6)
+    meanflow_equal_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    meanflow_zero_share: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0})
+
+    def check(self, config: TrainConfig) -> None:
+        super().check(config)
+        shares = self.meanflow_equal_share + self.meanflow_zero_share
+        if self.meanflow_interval == "pairs" and shares > 1:
+            raise ConfigError(
+                f"algorithm.meanflow_equal_share={self.meanflow_equal_share} + "
+                f"algorithm.meanflow_zero_share={self.meanflow_zero_share} = {shares:g} is not allowed; "
+                "the two shares of rows must sum to at most 1"
+            )

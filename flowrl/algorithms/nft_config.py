@@ -1,0 +1,47 @@
+"""The ``algorithm`` section of DiffusionNFT (``name: nft``); MeanFlowNFT and CRD extend it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flowrl.algorithms.base import AlgorithmConfig
+from flowrl.config_schema import ConfigError, at_least, choice
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+
+@dataclass
+class NFTConfig(AlgorithmConfig):
+    """DiffusionNFT (:mod:`flowrl.algorithms.nft`): the implicit policies' strength, the training times,
+    the reference pull and the old policy's schedule."""
+
+    name: str = "nft"
+    #: beta of ``v+ = beta v_theta + (1 - beta) v_old`` and ``v- = (1 + beta) v_old - beta v_theta``
+    beta: float = field(default=1.0, metadata=at_least(0.0, strict=True))
+    #: training times: distinct times of the rollout grid per sample (``grid``) or ``U(0, 1)`` (``sampled``)
+    timesteps: str = field(default="grid", metadata=choice("grid", "sampled"))
+    #: training times (loss passes) per sample and step
+    train_timesteps: int = field(default=4, metadata=at_least(1))
+    #: lambda of the pull ``lambda ||v_theta - v_ref||²`` towards the frozen base
+    reference_weight: float = field(default=1e-4, metadata=at_least(0.0))
+    #: divide each x0-space error by its own detached mean absolute error (the reference's weighting)
+    adaptive_weighting: bool = True
+    #: the old policy's update: ``soft`` (decay schedule), ``hard`` (a copy every ``old_update_every`` steps),
+    #: ``delayed`` (none for ``old_delay_steps`` steps, then soft)
+    old_update: str = field(default="soft", metadata=choice("soft", "hard", "delayed"))
+    #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * steps, old_decay_max)``
+    old_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    old_decay_rate: float = field(default=0.001, metadata=at_least(0.0))
+    old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    old_update_every: int = field(default=10, metadata=at_least(1))
+    old_delay_steps: int = field(default=20, metadata=at_least(0))
+
+    def check(self, config: TrainConfig) -> None:
+        if self.timesteps == "grid" and self.train_timesteps > config.sampler.num_steps:
+            raise ConfigError(
+                f"algorithm.train_timesteps={self.train_timesteps} is more than the "
+                f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
+                "lower it or use algorithm.timesteps=sampled"
+            )

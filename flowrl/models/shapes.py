@@ -1,0 +1,136 @@
+"""The shapes backend: a ShapesDiT (image, clip or MeanFlow) as a policy's flow model, fully fine-tuned.
+
+Pixels: the model works on ``x = 2 image - 1`` (``[3, H, W]`` images or
+``[T, 3, H, W]`` clips); decoding maps back to [0, 1]. Conditioning is the
+prompt's token ids and mask (the text encoder is part of the network and is
+trained with it). The shapes world is trained and sampled on the unshifted
+time grid. Copies are explicit modules (the model has 2.6M parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from flowrl.config_schema import ConfigError, choice
+from flowrl.models.dtypes import DTYPES
+from flowrl.models.noise import seeded_noise
+from flowrl.models.shapes_dit import ShapesDiT
+from flowrl.weight_copies import ModuleCopies
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED_MODELS = {
+    "shapes-base": ASSETS / "shapes_base",
+    "shapes-meanflow": ASSETS / "shapes_meanflow",
+    "shapes-video": ASSETS / "shapes_video",
+}
+
+
+def load_shapes_model(name_or_path: str) -> ShapesDiT:
+    """A shapes model by shipped name (``shapes-base``) or by the path of a saved model directory."""
+    path = SHIPPED_MODELS.get(name_or_path, Path(name_or_path))
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither a shipped model {sorted(SHIPPED_MODELS)} nor a directory"
+        )
+    return ShapesDiT.from_pretrained(path)
+
+
+def images_to_model_space(images: torch.Tensor) -> torch.Tensor:
+    """[0, 1] images to the model's [-1, 1] pixels."""
+    return images * 2.0 - 1.0
+
+
+def model_space_to_images(x: torch.Tensor) -> torch.Tensor:
+    """The model's pixels to [0, 1] images (clamped)."""
+    return ((x.float() + 1.0) / 2.0).clamp(0.0, 1.0)
+
+
+@dataclass
+class ShapesModelConfig:
+    """The ``model`` section of ``backend: shapes``: a shipped shapes model name (``shapes-base``,
+    ``shapes-meanflow``, ``shapes-video``) or a saved ShapesDiT directory."""
+
+    name: str = "shapes-base"
+    backend: str = "shapes"
+    #: the shapes model trains in float32 only
+    dtype: str = field(default="float32", metadata=choice(*DTYPES))
+
+
+class ShapesFlowModel:
+    """A ShapesDiT as a flow model (module docstring)."""
+
+    config_class = ShapesModelConfig
+    #: evaluation renders this world (the shapes or moving-shapes world) to judge the model
+    renders_world = True
+    #: images per generation batch
+    generate_batch_size = 128
+    time_shift = 1.0
+
+    def __init__(self, network: ShapesDiT) -> None:
+        self.network = network
+
+    @classmethod
+    def check(cls, config: TrainConfig) -> None:
+        if config.model.dtype != "float32":
+            raise ConfigError(
+                f"model.dtype={config.model.dtype!r} is not allowed for the shapes backend; it trains in float32 only"
+            )
+        if config.sampler.negative_prompt:
+            raise ConfigError(
+                f"sampler.negative_prompt={config.sampler.negative_prompt!r} is not allowed for the shapes backend; "
+                "its CFG guides against the empty prompt it was trained to drop to (allowed: '')"
+            )
+
+    @classmethod
+    def from_config(cls, config: ShapesModelConfig) -> ShapesFlowModel:
+        return cls(load_shapes_model(config.name))
+
+    def weight_copies(self, config: ShapesModelConfig, roles: Sequence[str]) -> ModuleCopies:
+        return ModuleCopies(self.network, roles)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.network.sample_shape
+
+    @property
+    def is_video(self) -> bool:
+        return self.network.is_video
+
+    @property
+    def mean_flow(self) -> bool:
+        return self.network.config.mean_flow
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.network.parameters()).device
+
+    def to(self, device: torch.device | str) -> ShapesFlowModel:
+        self.network.to(device)
+        return self
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.network.encode_prompts(prompts)
+
+    def velocity(
+        self, network: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return network(x, t, *cond, r=r)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return model_space_to_images(x)
+
+    def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        """Standard normal pixel-space noise, row ``i`` seeded by ``seeds[i]``."""
+        return seeded_noise(seeds, self.sample_shape, device)
+
+    def save_network(self, network: nn.Module, directory: Path) -> None:
+        network.save_pretrained(directory)
