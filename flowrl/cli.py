@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a ``flowrl`` subcommand; bad input is one line on stderr and exit status 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # the app parses its own arguments, --help included
+        return _demo(argparse.Namespace(arguments=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         status = args.run(args)

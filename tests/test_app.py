@@ -176,3 +176,11 @@ def test_demo_command_binds_to_loopback_unless_told():
     args = build_parser().parse_args(["runs/main"])
     assert (args.tuned, args.host, args.share, args.base) == ("runs/main", "127.0.0.1", False, "shapes-base")
     assert build_parser().parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"
+
+
+def test_flowrl_demo_hands_its_arguments_to_the_app(capsys):
+    from flowrl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--help"])
+    assert exit_info.value.code == 0 and "usage: flowrl demo" in capsys.readouterr().out
