@@ -72,11 +72,16 @@ def induced_velocity(
     method: str = "jvp",
     step: float = 1e-3,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(V, u)`` with ``V = u(x, r, t) + (t - r) du/dt``, ``du/dt = d_x u . direction + d_t u``.
+    """``(V, u)`` with ``V = u(x, r, t) + (t - r) sg(du/dt)``, ``du/dt = d_x u . direction + d_t u``.
+
+    The derivative term is a target-side quantity and carries no gradient (``sg``, as in MeanFlow's own
+    loss): ``direction`` is usually the regression target itself (``eps - x0``), and a gradient through
+    ``du/dt`` along it would pull the model off the exact MeanFlow solution, where the flow-matching loss
+    on ``V`` must be stationary. Gradients reach the parameters through ``u`` alone.
 
     ``direction`` is ``dx/dt`` along the path (``eps - x0`` on the straight
     interpolant). ``method="jvp"``: exact, by forward-mode differentiation
-    (``torch.func.jvp``; ``V`` keeps the graph of ``u``'s parameters); fused
+    (``torch.func.jvp``; ``V`` keeps the graph of ``u``'s parameters through ``u``); fused
     attention kernels have no forward-mode rule on CPU, so attention runs on
     PyTorch's math backend inside it. ``"central"``: ``[u(x + h d, r, t + h) -
     u(x - h d, r, t - h)] / 2h`` without gradient (second-order accurate), the
@@ -95,4 +100,4 @@ def induced_velocity(
             forward = average_velocity(x + step * direction, r, t + step, cond)
             backward = average_velocity(x - step * direction, r, t - step, cond)
             derivative = (forward - backward) / (2 * step)
-    return u + _column(t - r, u) * derivative, u
+    return u + _column(t - r, u) * derivative.detach(), u

@@ -14,7 +14,12 @@ coefficients of the predicted data and noise on the flow's interpolant::
     mean = (1 - t_{i+1}) x0^ + sqrt(t_{i+1}^2 - s^2) eps^,    x' = mean + s eps
 
 The log-probability of ``x'`` is that of the Gaussian ``N(mean, scale^2)``
-(``scale = std sqrt(-dt)`` or ``s``), averaged over dimensions. All of it is
+(``scale = std sqrt(-dt)`` or ``s``), averaged over dimensions; except for
+``variant="cps"``, which scores a step as Flow-GRPO's reference code does,
+``-mean ||x' - mean||^2`` without the Gaussian's ``1 / (2 s^2)`` and its
+normaliser (``"cps_gaussian"`` is the same step with the exact Gaussian
+log-probability). ``std_dev`` is the reference's ``std_dev_t`` (``std`` for
+the Flow-SDE, ``s`` for CPS), the scale its KL term divides by. All of it is
 computed in float32 whatever the model's dtype. :func:`sde_step` is the one
 code path for sampling (draw ``x'``) and for re-scoring a stored transition
 under another velocity (given ``x'``), which is what the GRPO ratio needs.
@@ -30,17 +35,19 @@ import torch
 
 from samplers.rollout import Rollout, VelocityFn
 
-VARIANTS = ("flow", "cps")
+VARIANTS = ("flow", "cps", "cps_gaussian")
 
 
 @dataclass
 class SDEStep:
-    """One stochastic transition: the next state, its log-probability ``[B]``, the mean and the scale."""
+    """One stochastic transition: the next state, its log-probability ``[B]``, the mean, the scale of
+    the step's noise and the reference's ``std_dev_t`` (module docstring)."""
 
     x_next: torch.Tensor
     log_prob: torch.Tensor
     mean: torch.Tensor
     scale: torch.Tensor
+    std_dev: torch.Tensor
 
 
 def _column(value: torch.Tensor | float, x: torch.Tensor) -> torch.Tensor:
@@ -84,11 +91,13 @@ def sde_step(
         std = level * torch.sqrt(sigma / denominator)
         mean = x * (1 + std**2 * dt / (2 * sigma)) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
         scale = std * torch.sqrt(-dt)
+        std_dev = std
     else:
         scale = sigma_next * torch.sin(level * math.pi / 2)
         predicted_data = x - sigma * v
         predicted_noise = x + (1 - sigma) * v
         mean = (1 - sigma_next) * predicted_data + torch.sqrt(sigma_next**2 - scale**2) * predicted_noise
+        std_dev = scale
     if not bool((scale > 0).all()):
         raise ValueError(
             f"zero noise scale in an SDE step (noise level {noise_level}, variant {variant!r}); "
@@ -100,7 +109,12 @@ def sde_step(
         x_next = mean + scale * noise.float()
     else:
         x_next = x_next.detach().float()
-    return SDEStep(x_next, gaussian_log_prob(x_next, mean, scale), mean, scale)
+    if variant == "cps":
+        squared = (x_next - mean) ** 2
+        log_prob = -squared.mean(dim=tuple(range(1, squared.ndim)))
+    else:
+        log_prob = gaussian_log_prob(x_next, mean, scale)
+    return SDEStep(x_next, log_prob, mean, scale, std_dev)
 
 
 def stochastic_steps(

@@ -91,11 +91,16 @@ def flow_sde_log_prob(v, x, x_next, t, t_next, a):
     mean = x * (1 + std**2 / (2 * t) * dt) + v * (1 + std**2 * (1 - t) / (2 * t)) * dt
     scale = std * torch.sqrt(-dt)
     density = -((x_next - mean) ** 2) / (2 * scale**2) - torch.log(scale) - 0.5 * math.log(2 * math.pi)
-    return density.mean(dim=(1, 2, 3)), mean, scale
+    return density.mean(dim=(1, 2, 3)), mean, scale, std
 
 
-def test_flow_grpo_loss_equals_a_direct_recomputation(tiny_model):
-    config = grpo_config("flowgrpo", "training.group_size=4", "algorithm.kl_weight=0.1")
+@pytest.mark.parametrize("kl_form", ["reference", "exact"])
+def test_flow_grpo_loss_equals_a_direct_recomputation(tiny_model, kl_form):
+    """The clipped ratio loss and the KL, written out independently: the reference's KL divides by
+    ``2 std_dev_t²`` (Flow-GRPO's train_sd3.py, no sqrt(dt)); ``exact`` by the step's ``2 scale²``."""
+    config = grpo_config(
+        "flowgrpo", "training.group_size=4", "algorithm.kl_weight=0.1", f"algorithm.kl_form={kl_form}"
+    )
     policy = make_policy(ShapesFlowModel(tiny_model))
     algorithm = FlowGRPO(config)
     chunk, cond, rows = rollout_rows(algorithm, policy, config, ["a red circle", "two blue squares"])
@@ -113,14 +118,15 @@ def test_flow_grpo_loss_equals_a_direct_recomputation(tiny_model):
     with torch.no_grad():
         v = policy.velocity(x, t, cond)
         v_ref = policy.reference_velocity(x, t, cond)
-    log_prob, mean, scale = flow_sde_log_prob(v, x, x_next, t, t_next, config.algorithm.noise_level)
-    _, mean_ref, _ = flow_sde_log_prob(v_ref, x, x_next, t, t_next, config.algorithm.noise_level)
+    log_prob, mean, scale, std = flow_sde_log_prob(v, x, x_next, t, t_next, config.algorithm.noise_level)
+    _, mean_ref, _, _ = flow_sde_log_prob(v_ref, x, x_next, t, t_next, config.algorithm.noise_level)
     old = rows.data["log_probs"][samples, index].double()
     ratio = torch.exp(log_prob - old)
     advantages = rows.advantages.double().clamp(-5, 5)
     eps = config.algorithm.clip_range
     policy_loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - eps, 1 + eps))
-    kl = ((mean - mean_ref) ** 2 / (2 * scale**2)).mean(dim=(1, 2, 3))
+    kl_scale = std if kl_form == "reference" else scale
+    kl = ((mean - mean_ref) ** 2 / (2 * kl_scale**2)).mean(dim=(1, 2, 3))
     expected = (policy_loss + 0.1 * kl).mean()
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
     torch.testing.assert_close(stats["grpo/ratio"].double(), ratio, rtol=1e-4, atol=1e-6)

@@ -163,7 +163,7 @@ def test_flow_sde_log_prob_is_the_gaussian_density(t, t_next):
     torch.testing.assert_close(step.mean.double(), mean, rtol=1e-5, atol=1e-5)
 
 
-def test_cps_log_prob_is_the_gaussian_density():
+def test_cps_gaussian_log_prob_is_the_gaussian_density():
     generator = torch.Generator().manual_seed(2)
     x, v = torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)
     t, t_next, a = 0.5, 0.4, 0.6
@@ -171,7 +171,7 @@ def test_cps_log_prob_is_the_gaussian_density():
     mean = (1 - t_next) * (x.double() - t * v.double()) + math.sqrt(t_next**2 - scale**2) * (
         x.double() + (1 - t) * v.double()
     )
-    step = sde_step(v, x, t, t_next, a, variant="cps")
+    step = sde_step(v, x, t, t_next, a, variant="cps_gaussian")
     expected = torch.distributions.Normal(mean, scale).log_prob(step.x_next.double()).mean(dim=1)
     torch.testing.assert_close(step.log_prob.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -270,7 +270,7 @@ class TinyVelocity(torch.nn.Module):
         return self.net(torch.cat([x, t[:, None].to(x.dtype)], dim=1)) * cond[:, None]
 
 
-@pytest.mark.parametrize("variant", ["flow", "cps"])
+@pytest.mark.parametrize("variant", ["flow", "cps", "cps_gaussian"])
 def test_rescoring_own_transitions_gives_ratio_one(variant):
     model = TinyVelocity()
     noise = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))

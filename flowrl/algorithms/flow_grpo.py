@@ -2,8 +2,10 @@
 
 ``K`` independent SDE rollouts per prompt, group advantages on the final
 reward, every stochastic step of a sample sharing its advantage; per
-iteration a random ``timestep_fraction`` of each sample's stochastic steps is
-trained (one pass each). Rows are samples.
+iteration ``int(timestep_fraction * num_steps)`` of each sample's stochastic
+steps are trained (one pass each): the first ones in order, as the reference
+code does (``trained_steps: first``), or a random subset per sample
+(``random``, flowrl's earlier default). Rows are samples.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ class FlowGRPO(GRPOAlgorithm):
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
         num_steps = config.sampler.num_steps
+        # Flow-GRPO's code trains int(num_steps * timestep_fraction) steps (its 0.99 of 10 steps: 9); an SDE
+        # window takes the fraction of its own size; never more than the stochastic steps
         stochastic = self.config.sde_window_size or num_steps - 1
-        self.passes = max(1, round(self.config.timestep_fraction * stochastic))
+        span = self.config.sde_window_size or num_steps
+        self.passes = min(stochastic, max(1, int(self.config.timestep_fraction * span + 1e-9)))
 
     def rollout(
         self,
@@ -82,10 +87,13 @@ class FlowGRPO(GRPOAlgorithm):
         grid: torch.Tensor,
         step: int,
     ) -> dict[str, torch.Tensor]:
-        """``step``: ``[passes, num_samples]`` distinct stochastic step indices per sample."""
+        """``step``: ``[passes, num_samples]`` stochastic step indices per sample: the first ``passes`` in order
+        for every sample (``trained_steps: first``, Flow-GRPO's code) or a random distinct subset per sample."""
         num_steps = len(grid) - 1
         window = sde_window(self.train_config, step)
         candidates = torch.nonzero(stochastic_steps(num_steps, self.config.noise_level, window)).flatten()
+        if self.config.trained_steps == "first":
+            return {"step": candidates[: self.passes, None].expand(self.passes, num_samples).contiguous()}
         order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[:, : self.passes]
         return {"step": candidates[order].T.contiguous()}
 

@@ -7,11 +7,15 @@ log-density ``log p_old``. For a trained transition with advantage ``A``::
 
     rho  = exp(log p_theta(x_{j+1} | x_j) - log p_old(x_{j+1} | x_j))
     L    = max(-A rho, -A clip(rho, 1 - eps, 1 + eps))
-           + beta_KL ||mu_theta - mu_ref||^2 / (2 s^2)
+           + beta_KL ||mu_theta - mu_ref||^2 / (2 std_dev_t^2)
 
 with ``mu`` the Gaussian mean of the step under theta and under the frozen
-reference, ``s`` its scale (the closed-form KL of two Gaussians of one
-scale, averaged over dimensions) and ``A`` clipped to ``[-c, c]``. An SDE
+reference, averaged over dimensions, and ``A`` clipped to ``[-c, c]``. The
+KL's scale is Flow-GRPO's code's ``std_dev_t`` (``a sqrt(t / (1 - t))`` for the
+Flow-SDE, without the step's ``sqrt(|dt|)``; ``kl_form: reference``, the
+default, so the paper's beta values port unchanged); ``kl_form: exact`` uses
+the step's actual scale ``std_dev_t sqrt(|dt|)``, the closed-form KL of the two
+step Gaussians, ``1 / |dt|`` times larger. An SDE
 window (``sde_window_*``, fixed or sliding as in MixGRPO) makes only those
 steps stochastic and trained, the others ODE. The flat case is
 :mod:`flowrl.algorithms.flow_grpo`, the tree case :mod:`flowrl.algorithms.branch_grpo`.
@@ -133,7 +137,8 @@ class GRPOAlgorithm(Algorithm):
                 reference = transition_log_prob(
                     self._reference(policy), x, x_next, t, t_next, batch.cond, noise_level, variant
                 )
-            kl = gaussian_mean_kl(step.mean, reference.mean, step.scale)
+            scale = step.std_dev if self.config.kl_form == "reference" else step.scale
+            kl = gaussian_mean_kl(step.mean, reference.mean, scale)
             loss = loss + self.config.kl_weight * kl
         log_ratio = (step.log_prob - old_log_prob).detach()
         stats = {

@@ -24,9 +24,15 @@ class GRPOConfig(AlgorithmConfig):
     clip_range: float = field(default=1e-4, metadata=at_least(0.0, strict=True))
     #: beta_KL of the KL to the frozen reference on the step means
     kl_weight: float = field(default=0.04, metadata=at_least(0.0))
+    #: the KL's scale: ``reference`` divides ``||mu_theta - mu_ref||²`` by ``2 std_dev_t²`` as Flow-GRPO's
+    #: code does (no ``sqrt(dt)``: the paper's beta values port unchanged); ``exact`` is the closed-form KL
+    #: of the two step Gaussians, ``/ (2 std_dev_t² |dt|)`` (1 / |dt| times larger, 10x on a 10-step grid)
+    kl_form: str = field(default="reference", metadata=choice("reference", "exact"))
     #: the Flow-SDE noise level a
     noise_level: float = field(default=0.7, metadata=at_least(0.0, strict=True))
-    sde_variant: str = field(default="flow", metadata=choice("flow", "cps"))
+    #: ``flow`` (Flow-SDE), ``cps`` (coefficient-preserving, scored as Flow-GRPO's code: ``-mean ||x' - mu||²``)
+    #: or ``cps_gaussian`` (the same step scored by its exact Gaussian log-density)
+    sde_variant: str = field(default="flow", metadata=choice("flow", "cps", "cps_gaussian"))
     #: steps ``[start, start + size)`` are stochastic (0 = all but the last); with ``sde_window_slide``
     #: the window moves ``sde_window_stride`` steps every ``sde_window_every`` iterations (MixGRPO)
     sde_window_size: int = field(default=0, metadata=at_least(0))
@@ -58,8 +64,10 @@ class FlowGRPOConfig(GRPOConfig):
     """Flat Flow-GRPO (:mod:`flowrl.algorithms.flow_grpo`)."""
 
     name: str = "flow_grpo"
-    #: share of each sample's stochastic steps trained per iteration (a random subset per sample)
+    #: share of each sample's stochastic steps trained per iteration: ``floor(fraction * steps)`` (at least 1)
     timestep_fraction: float = field(default=1.0, metadata={"min": 0.0, "strict": True, "max": 1.0})
+    #: which of them: the ``first`` ones in order, as Flow-GRPO's code does, or a ``random`` subset per sample
+    trained_steps: str = field(default="first", metadata=choice("first", "random"))
     #: all samples of a group start from the same noise (they differ by their SDE noise only)
     same_group_noise: bool = False
     #: groups whose rewards are all equal get weight 0 in the loss

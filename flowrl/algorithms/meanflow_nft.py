@@ -4,11 +4,15 @@ A MeanFlow policy predicts the average velocity ``u(x, r, t)`` and samples in
 a few steps ``x_r = x_t - (t - r) u``; DiffusionNFT needs an instantaneous
 velocity. The MeanFlow identity gives one, induced by ``u``::
 
-    V(x_t, r, t) = u(x_t, r, t) + (t - r) d/dt u(x_t, r, t),   d/dt = d_x . (eps - x0) + d_t
+    V(x_t, r, t) = u(x_t, r, t) + (t - r) sg(d/dt u(x_t, r, t)),   d/dt = d_x . (eps - x0) + d_t
 
 and the DiffusionNFT loss (:func:`flowrl.algorithms.nft.nft_loss`) is applied
-to ``V_theta`` and ``V_old`` at ``x_t = (1 - t) x0 + t eps``. ``d/dt`` is a
-JVP (exact, through ``theta``), or with ``meanflow_derivative: central`` a
+to ``V_theta`` and ``V_old`` at ``x_t = (1 - t) x0 + t eps``. The derivative
+term is under stop-gradient (``sg``), as in MeanFlow's own loss: its tangent
+``eps - x0`` is the regression target, and a gradient through it makes the
+loss non-stationary at the exact MeanFlow solution (tested on Gaussian data,
+where ``u`` has a closed form). ``d/dt`` is a JVP of ``u_theta`` (exact, no
+gradient), or with ``meanflow_derivative: central`` a
 no-grad central difference taken once on the old model and shared:
 ``V_theta = u_theta + (t - r) du_old/dt`` (cheaper: no forward-mode pass
 through the trained network). The reference term compares average
