@@ -48,7 +48,8 @@ class SamplerConfig:
 
     solver: str = field(default="euler", metadata=_choice("euler", "heun", "dpm2m"))
     num_steps: int = field(default=10, metadata=_at_least(1))
-    #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)``; None = the model's own (1 for shapes)
+    #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)`` on ``linspace(1, 0, S + 1)``; None = the model's own
+    #: default grid (a diffusers model's: exactly its scheduler's sigmas for S steps; shapes: unshifted)
     time_shift: float | None = field(default=None, metadata=_at_least(0.0, strict=True))
     guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
     #: the prompt CFG guides away from (the unconditional branch of every guided velocity: rollouts,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from flowrl.policy import TUNED, Policy
-from samplers import ODE_SOLVERS, guided_average_velocity, guided_velocity, meanflow_sample, timesteps
+from samplers import ODE_SOLVERS, guided_average_velocity, guided_velocity, meanflow_sample
 
 
 def as_policy(model: Policy | nn.Module) -> Policy:
@@ -45,7 +45,8 @@ def generate(
 
     ``model``: a policy (``role`` picks ``tuned`` or ``reference`` weights) or a bare shapes model.
     ``solver`` names one of ``samplers.ODE_SOLVERS`` (``euler``, ``heun``, ``dpm2m``) on the grid shifted by
-    ``time_shift`` (None: the model's own); CFG against ``negative_prompt`` when ``guidance_scale > 1``.
+    ``time_shift`` (None: the model's own default grid, :meth:`Policy.time_grid`); CFG against
+    ``negative_prompt`` when ``guidance_scale > 1``.
     A MeanFlow model always takes ``num_steps`` average-velocity steps (``x_r = x_t - (t - r) u``).
     """
     policy = as_policy(model)
@@ -53,7 +54,7 @@ def generate(
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
     if solver not in ODE_SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; allowed: {sorted(ODE_SOLVERS)}")
-    grid = timesteps(num_steps, shift=policy.time_shift if time_shift is None else time_shift)
+    grid = policy.time_grid(num_steps, time_shift)
     velocity = policy.velocity_of(role)
     batch_size = batch_size or policy.flow_model.generate_batch_size
     outputs = []

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from flowrl.weight_copies import EMA, OLD, REFERENCE, ROLLOUT, TRAINED, TUNED, ModuleCopies
-from samplers import VelocityFn, guided_velocity
+from samplers import VelocityFn, guided_velocity, timesteps
 
 if TYPE_CHECKING:
     from flowrl.models import FlowModel
@@ -62,6 +62,13 @@ class Policy:
     def time_shift(self) -> float:
         """The model's own SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)`` (1 for the shapes world)."""
         return self.flow_model.time_shift
+
+    def time_grid(self, num_steps: int, time_shift: float | None = None) -> torch.Tensor:
+        """``[num_steps + 1]`` times from 1 to 0: ``shift(linspace(1, 0, S + 1))`` for a given ``time_shift``,
+        else the model's own default grid (a diffusers model's: its scheduler's sigmas)."""
+        if time_shift is not None:
+            return timesteps(num_steps, shift=time_shift)
+        return self.flow_model.time_grid(num_steps)
 
     @property
     def device(self) -> torch.device:

@@ -55,7 +55,7 @@ from flowrl.prompts import load_prompts, prompt_weights, step_samples
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward
-from samplers import select_rows, timesteps
+from samplers import select_rows
 
 #: steps between redraws of curves.png (and at every evaluation and at the end)
 CURVES_EVERY = 10
@@ -185,8 +185,7 @@ class Trainer:
         )
         self.algorithm.prepare(self.policy)
         self.world = evaluation_world(config, self.policy)
-        shift = config.sampler.time_shift if config.sampler.time_shift is not None else self.policy.time_shift
-        self.grid = timesteps(config.sampler.num_steps, shift=shift)
+        self.grid = self.policy.time_grid(config.sampler.num_steps, config.sampler.time_shift)
         self.optimizer = torch.optim.AdamW(
             self.policy.trainable_parameters(),
             lr=config.training.learning_rate,

@@ -164,6 +164,7 @@ def test_the_anchor_strength_adapts_to_reward_and_follows_its_schedule():
             "algorithm.anchor_floor=0.1",
             "algorithm.anchor_schedule_end=0.5",
             "algorithm.anchor_schedule_steps=10",
+            "algorithm.anchor_adaptive=optimality",
             "training.micro_batch_size=8",
         ],
     )
@@ -223,3 +224,37 @@ def test_crd_settings_are_checked(tmp_path):
     config = load_config(None, ["algorithm.name=crd", "training.micro_batch_size=8", "training.group_size=8"])
     with pytest.raises(ConfigError, match="whole prompt groups"):
         CRD(config).num_rows(12)
+
+
+def test_the_anchor_strength_follows_the_reward_level_of_the_global_batch():
+    """``k = lambda (floor + (1 - floor) level)``, ``level = clip((mean R - low) / (high - low), 0, 1)``: small
+    while rewards are low, larger as they rise; the group-normalised advantages cannot do this (their
+    optimality probabilities average 1/2 at any reward level)."""
+    from flowrl.advantages import RewardBatch
+
+    config = load_config(
+        None,
+        [
+            "algorithm.name=crd",
+            "algorithm.anchor_weight=0.2",
+            "algorithm.anchor_floor=0.1",
+            "algorithm.anchor_reward_range=[0.2, 0.8]",
+            "training.micro_batch_size=8",
+        ],
+    )
+    algorithm = CRD(config)
+    groups = torch.arange(8) // 4
+    strengths = []
+    for level in (0.17, 0.5, 0.8):
+        total = level + 0.1 * torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
+        advantages = algorithm.advantages(RewardBatch({"r": total}, {"r": 1.0}, total, groups))
+        mean_r = float((advantages.clamp(-5, 5) / 10 + 0.5).mean())
+        assert mean_r == pytest.approx(0.5, abs=1e-6)  # the optimality probability does not see the level
+        strengths.append(float(algorithm.anchor_strength(advantages, 1)[0]))
+    expected = [0.2 * (0.1 + 0.9 * min(max((m - 0.2) / 0.6, 0.0), 1.0)) for m in (0.17, 0.5, 0.8)]
+    assert strengths == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ConfigError, match="anchor_reward_range"):
+        load_config(
+            None,
+            ["algorithm.name=crd", "algorithm.anchor_reward_range=[1, 0]", "training.micro_batch_size=8"],
+        )

@@ -157,3 +157,91 @@ def test_meanflow_nft_is_stationary_at_the_exact_meanflow_solution():
     stopped, through = meanflow_gradient(True), meanflow_gradient(False)
     assert abs(stopped) < 0.01, stopped
     assert abs(through) > 10 * abs(stopped) and abs(through) > 0.05, (stopped, through)
+
+
+# --- DiffusionNFT --------------------------------------------------------------------------------------
+
+
+def reference_return_decay(global_step: int, flat: int, uprate: float, uphold: float) -> float:
+    """DiffusionNFT's ``return_decay``: 0 while ``step < flat``, then ``min((step - flat) * uprate, uphold)``."""
+    if global_step < flat:
+        return 0.0
+    return min((global_step - flat) * uprate, uphold)
+
+
+@pytest.mark.parametrize(
+    "decay_type, overrides",
+    [
+        (1, []),
+        (
+            2,
+            [
+                "algorithm.old_flat_steps=75",
+                "algorithm.old_decay_rate=0.0075",
+                "algorithm.old_decay_max=0.999",
+            ],
+        ),
+    ],
+)
+def test_the_old_policy_schedule_is_the_reference_over_optimizer_updates(decay_type, overrides):
+    """The reference applies ``return_decay(global_step)`` once per iteration, ``global_step`` counting
+    optimizer updates: with 4 updates per step it ramps 4x faster than a per-iteration counter."""
+    from flowrl.algorithms.nft import DiffusionNFT
+    from flowrl.policy import OLD
+
+    flat, rate, hold = (0, 0.001, 0.5) if decay_type == 1 else (75, 0.0075, 0.999)
+    config = load_config("configs/shapes_nft.yaml", overrides)
+    updates = config.training.updates_per_step
+    assert updates == 4
+    algorithm = DiffusionNFT(config)
+    for step in (1, 10, 18, 19, 30, 60, 120, 500):
+        decays = algorithm.after_optimizer_step(step).copy_decays
+        assert decays[OLD] == pytest.approx(
+            reference_return_decay(step * updates, flat, rate, hold), abs=1e-12
+        )
+    per_step = DiffusionNFT(
+        load_config("configs/shapes_nft.yaml", [*overrides, "algorithm.old_decay_counter=steps"])
+    )
+    assert per_step.after_optimizer_step(120).copy_decays[OLD] == pytest.approx(
+        reference_return_decay(120, flat, rate, hold)
+    )
+
+
+# --- diffusers time grid --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
+def test_the_default_grid_is_the_stock_schedulers_sigmas(tmp_path, kind):
+    """SD3 at S = 10 (shift 3): ``[1, .960, ..., .278, .0089, 0]``, not ``shift(linspace(1, 0, 11))``; FLUX:
+    ``linspace(1, 1/S, S)`` shifted by its resolution-dependent ``mu``; Wan: its UniPC scheduler's sigmas.
+    The stock pipelines' images at these grids are compared in test_diffusers_backends / test_wan."""
+    import copy
+
+    import numpy as np
+
+    from flowrl.models import backend_class
+    from flowrl.testing import save_tiny_pipeline
+
+    directory = save_tiny_pipeline(kind, tmp_path / kind)
+    model = backend_class(kind).from_pretrained(str(directory), height=32, width=32)
+    scheduler = copy.deepcopy(model.pipeline.scheduler)
+    if kind == "flux":  # the pipeline's own call: sigmas and mu for the packed token count
+        config = scheduler.config
+        tokens = model.sample_shape[0]
+        mu = config.base_shift + (config.max_shift - config.base_shift) * (
+            tokens - config.base_image_seq_len
+        ) / (config.max_image_seq_len - config.base_image_seq_len)
+        scheduler.set_timesteps(sigmas=list(np.linspace(1.0, 0.1, 10)), mu=mu)
+    else:
+        scheduler.set_timesteps(10)
+    grid = model.time_grid(10)
+    torch.testing.assert_close(grid, torch.as_tensor(scheduler.sigmas).float())
+    if kind == "sd3":
+        assert [round(float(t), 3) for t in (grid[0], grid[1], grid[-3], grid[-2], grid[-1])] == [
+            1.0,
+            0.960,
+            0.278,
+            0.009,
+            0.0,
+        ]
+        assert not torch.allclose(grid, timesteps(10, shift=3.0))

@@ -64,6 +64,7 @@ def test_nft_gradient_pulls_towards_positive_and_away_from_negative_samples():
 def test_old_policy_schedules():
     soft = NFTConfig()
     assert [old_policy_decay(soft, s) for s in (1, 100, 499, 600)] == [0.001, 0.1, 0.499, 0.5]
+    assert [old_policy_decay(soft, s, updates_per_step=4) for s in (1, 100)] == [0.004, 0.4]
     hard = NFTConfig(old_update="hard", old_update_every=3)
     assert [old_policy_decay(hard, s) for s in (1, 2, 3, 6)] == [None, None, 0.0, 0.0]
     delayed = NFTConfig(old_update="delayed", old_delay_steps=5)

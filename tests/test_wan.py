@@ -8,6 +8,8 @@ and without CFG; ``num_frames: 1`` trains on single frames; a frame count
 the VAE cannot take is a clear error.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -122,17 +124,22 @@ def test_a_training_step_changes_only_the_lora_weights(model_dir, prompt_file, t
         assert row["grpo/ratio"] == 1.0
 
 
-class TrainerGridEuler(FlowMatchEulerDiscreteScheduler):
-    """Flow-matching Euler on the trainer's grid: shifted ``1, 1 - 1/N, ..., 1/N``.
+class StockGridEuler(FlowMatchEulerDiscreteScheduler):
+    """Flow-matching Euler on the sigmas of Wan's own UniPC scheduler for N steps (the trainer's default grid).
 
     Wan ships a UniPC multistep scheduler (2nd order), which cannot follow our
     Euler steps, and ``WanPipeline.__call__`` takes no ``sigmas``: so the grid
     is set here, where the pipeline asks the scheduler for its timesteps.
     """
 
+    def __init__(self, stock_scheduler) -> None:
+        super().__init__(shift=1.0)  # the stock sigmas are shifted already
+        self.stock_scheduler = stock_scheduler
+
     def set_timesteps(self, num_inference_steps: int, device=None, **kwargs) -> None:
-        sigmas = list(np.linspace(1.0, 1 / num_inference_steps, num_inference_steps))
-        super().set_timesteps(num_inference_steps, device, sigmas=sigmas, **kwargs)
+        stock = copy.deepcopy(self.stock_scheduler)
+        stock.set_timesteps(num_inference_steps)
+        super().set_timesteps(num_inference_steps, device, sigmas=list(stock.sigmas[:-1].tolist()), **kwargs)
 
 
 @pytest.mark.parametrize("num_frames", [5, 1])
@@ -155,7 +162,10 @@ def test_the_saved_lora_reproduces_the_trainers_videos_in_a_stock_pipeline(
 
     pipe = WanModel.pipeline_class().from_pretrained(model_dir)
     pipe.load_lora_weights(tmp_path / "run" / "model")
-    pipe.scheduler = TrainerGridEuler(shift=trainer.policy.time_shift)
+    stock_sigmas = copy.deepcopy(pipe.scheduler)
+    stock_sigmas.set_timesteps(4)
+    torch.testing.assert_close(trainer.policy.time_grid(4), torch.as_tensor(stock_sigmas.sigmas).float())
+    pipe.scheduler = StockGridEuler(pipe.scheduler)
     seeds, num_steps = [0, 1], 4
     prompts = PROMPTS[: len(seeds)]
     # CFG 3 against the pipeline's default (empty) negative prompt and against a given one

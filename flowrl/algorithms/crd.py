@@ -18,8 +18,18 @@ log-ratio of a sample is estimated, as in DiffusionNFT, by how much better
 plus the **KL anchor** to the CFG-guided base model,
 ``k_i ||v_theta - v_ref^w||²`` with ``v_ref^w = v_ref(∅) + w (v_ref(c) - v_ref(∅))``
 at the anchor's guidance ``w`` (the semantics the base model is used with),
-and a **reward-adaptive strength** ``k_i = lambda s(step) (floor + (1 - floor) r_i)``
-with a linear schedule ``s``. The loss is the mean over samples.
+and a **reward-adaptive strength** that follows the reward level, as the paper
+describes it (small while rewards are low: fast early learning under a large
+nominal KL; growing as they rise: less late exploitation of reward loopholes)::
+
+    k = lambda s(step) (floor + (1 - floor) level),   level = clip((mean R - low) / (high - low), 0, 1)
+
+with ``mean R`` the raw total reward of the step's global batch (computed once,
+by the advantages hook, on every process alike) and a linear schedule ``s``
+(``anchor_adaptive: reward_level``, the default). ``optimality`` is flowrl's
+earlier per-sample form ``floor + (1 - floor) r_i``: the batch mean of ``r`` is
+1/2 whatever the reward level, so it never adapts to it; ``off`` is constant.
+The loss is the mean over samples.
 
 For the squared form the gradient through the group means vanishes exactly
 (centred residuals sum to zero in a group), so each micro-batch needs whole
@@ -30,6 +40,10 @@ held at the base for ``rollout_delay_steps`` and then moves slowly
 (``theta_s <- eta theta_s + (1 - eta) theta``); the ``old`` model of the
 log-ratio follows ``theta`` on its own (DiffusionNFT's) schedule. Without the
 split the log-ratio signal collapses as old and rollout copies chase each other.
+The defaults (75, 0.0075, 0.999) are DiffusionNFT's decay_type 2 numbers, whose
+first phase *copies* theta every update; here the first phase *holds* the base
+(``rollout_first_phase: hold``, a deliberate difference: rollouts stay on the
+base's distribution while the log-ratio warms up); ``copy`` follows the reference.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import StepEnd, TrainBatch, weighted_mean
 from flowrl.algorithms.crd_config import CRDConfig
 from flowrl.algorithms.nft import (
@@ -137,6 +152,8 @@ class CRD(DiffusionNFT):
         super().__init__(config)
         self.negative_prompt = config.sampler.negative_prompt
         self.group_size = config.training.group_size
+        #: the step's reward level in [0, 1], set by :meth:`advantages` before the step's losses
+        self.reward_level = 0.0
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         if num_samples % self.group_size:
@@ -146,8 +163,14 @@ class CRD(DiffusionNFT):
             )
         return num_samples
 
+    def advantages(self, rewards: RewardBatch) -> torch.Tensor:
+        """The default group advantages; also the step's reward level for the anchor (module docstring)."""
+        low, high = self.config.anchor_reward_range
+        self.reward_level = float(((rewards.total.float().mean() - low) / (high - low)).clamp(0.0, 1.0))
+        return super().advantages(rewards)
+
     def anchor_strength(self, advantages: torch.Tensor, step: int) -> torch.Tensor:
-        """``lambda s(step) (floor + (1 - floor) r)`` per sample (``floor + ...`` only when adaptive)."""
+        """``lambda s(step) (floor + (1 - floor) a)`` per sample, ``a`` the reward level (or ``r_i``, or 1)."""
         config = self.config
         if config.anchor_schedule_steps:
             progress = min(step / config.anchor_schedule_steps, 1.0)
@@ -155,10 +178,13 @@ class CRD(DiffusionNFT):
         else:
             factor = 1.0
         strength = torch.full_like(advantages, config.anchor_weight * factor, dtype=torch.float32)
-        if config.anchor_adaptive:
-            r = optimality_probability(advantages.float(), config.advantage_clip)
-            strength = strength * (config.anchor_floor + (1 - config.anchor_floor) * r)
-        return strength
+        if config.anchor_adaptive == "optimality":
+            adaptive = optimality_probability(advantages.float(), config.advantage_clip)
+        elif config.anchor_adaptive == "reward_level":
+            adaptive = torch.full_like(strength, self.reward_level)
+        else:
+            return strength
+        return strength * (config.anchor_floor + (1 - config.anchor_floor) * adaptive)
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
@@ -188,6 +214,7 @@ class CRD(DiffusionNFT):
             "crd/matching_loss": terms.matching.detach(),
             "crd/anchor_mse": terms.anchor.detach(),
             "crd/anchor_strength": terms.anchor_strength,
+            "crd/reward_level": torch.full((1,), self.reward_level),
             "crd/log_ratio_std": terms.log_ratio.std().reshape(1),
             "crd/optimality_probability": optimality_probability(
                 batch.advantages, self.config.advantage_clip
@@ -197,14 +224,17 @@ class CRD(DiffusionNFT):
 
     def after_optimizer_step(self, step: int) -> StepEnd:
         config = self.config
-        old_decay = old_policy_decay(config, step)
-        rollout_decay = delayed_decay(
-            step,
-            config.rollout_delay_steps,
-            config.rollout_decay_start,
-            config.rollout_decay_rate,
-            config.rollout_decay_max,
-        )
+        old_decay = old_policy_decay(config, step, self.train_config.training.updates_per_step)
+        if config.rollout_first_phase == "copy" and step <= config.rollout_delay_steps:
+            rollout_decay: float | None = 0.0
+        else:
+            rollout_decay = delayed_decay(
+                step,
+                config.rollout_delay_steps,
+                config.rollout_decay_start,
+                config.rollout_decay_rate,
+                config.rollout_decay_max,
+            )
         decays = {
             role: decay for role, decay in ((OLD, old_decay), (ROLLOUT, rollout_decay)) if decay is not None
         }

@@ -24,9 +24,13 @@ class CRDConfig(NFTConfig):
     anchor_weight: float = field(default=0.1, metadata=at_least(0.0))
     #: the anchor's reference velocity is the base model's CFG mix at this guidance scale
     anchor_guidance: float = field(default=4.5, metadata=at_least(1.0))
-    #: reward-adaptive strength ``floor + (1 - floor) r`` per sample (r: optimality probability)
-    anchor_adaptive: bool = True
+    #: the anchor's strength factor ``floor + (1 - floor) a``: ``a`` the step's ``reward_level`` (the raw mean
+    #: reward mapped by ``anchor_reward_range`` to [0, 1], the paper's reward-adaptive KL), the per-sample
+    #: ``optimality`` probability (flowrl's earlier form, which does not follow the reward level), or ``off``
+    anchor_adaptive: str = field(default="reward_level", metadata=choice("reward_level", "optimality", "off"))
     anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
+    #: raw total rewards ``[low, high]`` that map to reward levels 0 and 1
+    anchor_reward_range: list[float] = field(default_factory=lambda: [0.0, 1.0])
     #: the strength's schedule: factor 1 at step 0 moving linearly to ``anchor_schedule_end`` over
     #: ``anchor_schedule_steps`` steps (0 = constant)
     anchor_schedule_end: float = field(default=1.0, metadata=at_least(0.0))
@@ -37,9 +41,17 @@ class CRDConfig(NFTConfig):
     rollout_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     rollout_decay_rate: float = field(default=0.0075, metadata=at_least(0.0))
     rollout_decay_max: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+    #: during the delay the rollout copy ``hold``s the base (flowrl) or is a ``copy`` of theta every step
+    #: (DiffusionNFT's decay_type 2, whose numbers these defaults are)
+    rollout_first_phase: str = field(default="hold", metadata=choice("hold", "copy"))
 
     def check(self, config: TrainConfig) -> None:
         super().check(config)
+        low_high = self.anchor_reward_range
+        if len(low_high) != 2 or not low_high[0] < low_high[1]:
+            raise ConfigError(
+                f"algorithm.anchor_reward_range={low_high} is not allowed; give [low, high] with low < high"
+            )
         if config.training.micro_batch_size % config.training.group_size:
             raise ConfigError(
                 f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for crd; it must "

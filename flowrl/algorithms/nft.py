@@ -17,8 +17,10 @@ trainable velocity and ``beta > 0``::
 High-reward samples pull ``v_theta`` towards them, low-reward samples push it
 away through the negative policy. After each optimizer step the old policy
 moves towards the trained one: ``theta_old <- eta theta_old + (1 - eta) theta``
-with ``eta = min(rate * step, max)`` ("soft"), a copy every ``k`` steps
-("hard"), or no update for the first ``d`` steps and then soft ("delayed").
+with ``eta = min(rate * n, max)`` after ``n`` optimizer updates ("soft", the
+reference's schedule, optionally a plain copy for the first ``old_flat_steps``
+updates as its decay_type 2), a copy every ``k`` steps ("hard"), or no update
+for the first ``d`` updates and then soft ("delayed").
 """
 
 from __future__ import annotations
@@ -94,17 +96,27 @@ def nft_loss(
     return NFTTerms(policy + reference_weight * reference, positive, negative, reference)
 
 
-def old_policy_decay(config: NFTConfig, step: int) -> float | None:
-    """``eta`` of ``theta_old <- eta theta_old + (1 - eta) theta`` after optimizer step ``step`` (1-based).
+def old_policy_decay(config: NFTConfig, step: int, updates_per_step: int = 1) -> float | None:
+    """``eta`` of ``theta_old <- eta theta_old + (1 - eta) theta`` after training step ``step`` (1-based).
 
-    ``None`` means no update this step. "soft": ``min(start + rate * step, max)``;
-    "hard": 0 (a copy) every ``old_update_every`` steps; "delayed": no update
-    for ``old_delay_steps`` steps, then soft counted from there.
+    ``n`` counts optimizer updates so far (``step * updates_per_step``, the reference's ``global_step``)
+    or, with ``old_decay_counter: steps``, training steps. ``None`` means no update this step.
+    "soft": 0 (a copy) while ``n < old_flat_steps``, then ``min(start + rate * (n - flat), max)`` — the
+    reference's ``return_decay`` (decay_type 1: flat 0, rate 0.001, max 0.5; decay_type 2: flat 75,
+    rate 0.0075, max 0.999); "hard": 0 (a copy) every ``old_update_every`` steps; "delayed" (flowrl's
+    variant): no update while ``n <= old_delay_steps``, then soft counted from there.
     """
     if config.old_update == "hard":
         return 0.0 if step % config.old_update_every == 0 else None
-    delay = config.old_delay_steps if config.old_update == "delayed" else 0
-    return delayed_decay(step, delay, config.old_decay_start, config.old_decay_rate, config.old_decay_max)
+    count = step * updates_per_step if config.old_decay_counter == "updates" else step
+    if config.old_update == "delayed":
+        return delayed_decay(
+            count, config.old_delay_steps, config.old_decay_start, config.old_decay_rate, config.old_decay_max
+        )
+    if count < config.old_flat_steps:
+        return 0.0
+    flat = config.old_flat_steps
+    return min(config.old_decay_start + config.old_decay_rate * (count - flat), config.old_decay_max)
 
 
 def delayed_decay(step: int, delay: int, start: float, rate: float, maximum: float) -> float | None:
@@ -213,7 +225,7 @@ class DiffusionNFT(Algorithm):
         return weighted_mean(terms.loss, batch.weights), stats
 
     def after_optimizer_step(self, step: int) -> StepEnd:
-        decay = old_policy_decay(self.config, step)
+        decay = old_policy_decay(self.config, step, self.train_config.training.updates_per_step)
         return StepEnd(
             {} if decay is None else {OLD: decay}, {"nft/old_decay": -1.0 if decay is None else decay}
         )

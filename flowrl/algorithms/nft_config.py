@@ -31,10 +31,15 @@ class NFTConfig(AlgorithmConfig):
     #: the old policy's update: ``soft`` (decay schedule), ``hard`` (a copy every ``old_update_every`` steps),
     #: ``delayed`` (none for ``old_delay_steps`` steps, then soft)
     old_update: str = field(default="soft", metadata=choice("soft", "hard", "delayed"))
-    #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * steps, old_decay_max)``
+    #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * n, old_decay_max)``
     old_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     old_decay_rate: float = field(default=0.001, metadata=at_least(0.0))
     old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    #: soft: the old policy is a plain copy (eta = 0) for the first ``old_flat_steps`` counts, then the ramp
+    #: starts from there (the reference's decay_type 2 uses 75 with rate 0.0075 and max 0.999)
+    old_flat_steps: int = field(default=0, metadata=at_least(0))
+    #: what ``n`` counts: optimizer ``updates`` (the reference's global_step) or training ``steps``
+    old_decay_counter: str = field(default="updates", metadata=choice("updates", "steps"))
     old_update_every: int = field(default=10, metadata=at_least(1))
     old_delay_steps: int = field(default=20, metadata=at_least(0))
 

@@ -10,12 +10,21 @@ A backend turns the pipeline into the pieces the trainer needs:
   layout (``sample_shape``), returned in ``x``'s dtype;
 - ``decode(x)``: images in [0, 1] through the VAE, kept in float32 and run in
   chunks: ``image = VAE(x / scaling_factor + shift_factor)``;
+- ``time_grid(S)``: the default S-step grid, exactly the sigmas the
+  pipeline's own scheduler takes when the stock pipeline runs S steps with
+  default arguments (SD3: ``[1, .960, ..., .278, .0089, 0]`` at S = 10, not
+  ``shift(linspace(1, 0, S + 1))``; FLUX: its resolution-dependent ``mu``), so
+  that a rollout equals the stock ``pipe(prompt, num_inference_steps=S)`` image
+  (Wan's stock scheduler is UniPC, a multistep solver: our samplers take its
+  sigmas with their own steps);
 - ``time_shift``: the model's own SD3 shift ``s`` of
-  ``t' = s t / (1 + (s - 1) t)`` read from its scheduler config.
+  ``t' = s t / (1 + (s - 1) t)`` read from its scheduler config (the grid
+  ``sampler.time_shift`` builds when it is set).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,6 +214,22 @@ class DiffusersFlowModel:
     @property
     def network(self) -> nn.Module:
         return self.transformer
+
+    def scheduler_arguments(self, num_steps: int) -> dict[str, Any]:
+        """What the stock pipeline passes its scheduler's ``set_timesteps`` for ``num_steps`` steps."""
+        return {"num_inference_steps": num_steps}
+
+    def time_grid(self, num_steps: int) -> torch.Tensor:
+        """``[num_steps + 1]`` times from 1 to 0: the sigmas of the pipeline's scheduler (module docstring)."""
+        scheduler = copy.deepcopy(self.pipeline.scheduler)
+        scheduler.set_timesteps(**self.scheduler_arguments(num_steps))
+        sigmas = torch.as_tensor(scheduler.sigmas, dtype=torch.float32).cpu()
+        if sigmas.shape != (num_steps + 1,):
+            raise ValueError(
+                f"the {type(scheduler).__name__} scheduler gave {sigmas.shape[0]} sigmas for {num_steps} steps; "
+                "set sampler.time_shift to use a shifted uniform grid instead"
+            )
+        return sigmas
 
     def save_network(self, network: nn.Module, directory: Path) -> None:
         """A fully fine-tuned transformer, as ``transformer/`` of a pipeline directory."""

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -89,6 +90,19 @@ class FluxModel(DiffusersFlowModel):
         base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
         mu = base_shift + (max_shift - base_shift) * (tokens - base_len) / (max_len - base_len)
         return math.exp(mu) if config.get("time_shift_type", "exponential") == "exponential" else mu
+
+    def scheduler_arguments(self, num_steps: int) -> dict[str, Any]:
+        """The FLUX pipeline's: ``sigmas = linspace(1, 1/S, S)`` and, with dynamic shifting, ``mu``."""
+        arguments: dict[str, Any] = {"sigmas": list(np.linspace(1.0, 1 / num_steps, num_steps))}
+        config = self.pipeline.scheduler.config
+        if config.get("use_dynamic_shifting"):
+            base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+            base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+            tokens = self.sample_shape[0]
+            arguments["mu"] = base_shift + (max_shift - base_shift) * (tokens - base_len) / (
+                max_len - base_len
+            )
+        return arguments
 
     def _encode_text(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
         embeds, pooled, _ = self.pipeline.encode_prompt(

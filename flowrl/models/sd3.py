@@ -53,6 +53,22 @@ class SD3Model(DiffusersFlowModel):
             raise ValueError("this SD3 scheduler uses dynamic shifting; set sampler.time_shift explicitly")
         return float(config.get("shift", 1.0))
 
+    def scheduler_arguments(self, num_steps: int) -> dict[str, Any]:
+        """The SD3 pipeline's: ``num_inference_steps``, and ``mu`` from the token count with dynamic shifting."""
+        arguments: dict[str, Any] = {"num_inference_steps": num_steps}
+        config = self.pipeline.scheduler.config
+        if config.get("use_dynamic_shifting"):
+            patch = self.transformer.config.patch_size
+            tokens = (self.height // self.vae_scale_factor // patch) * (
+                self.width // self.vae_scale_factor // patch
+            )
+            base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+            base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.16)
+            arguments["mu"] = base_shift + (max_shift - base_shift) * (tokens - base_len) / (
+                max_len - base_len
+            )
+        return arguments
+
     def _encode_text(self, prompts: list[str]) -> tuple[torch.Tensor, ...]:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
             prompt=prompts,

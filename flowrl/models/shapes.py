@@ -22,6 +22,7 @@ from flowrl.models.dtypes import DTYPES
 from flowrl.models.noise import seeded_noise
 from flowrl.models.shapes_dit import ShapesDiT
 from flowrl.weight_copies import ModuleCopies
+from samplers import timesteps
 
 if TYPE_CHECKING:
     from flowrl.config import TrainConfig
@@ -131,6 +132,10 @@ class ShapesFlowModel:
     def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
         """Standard normal pixel-space noise, row ``i`` seeded by ``seeds[i]``."""
         return seeded_noise(seeds, self.sample_shape, device)
+
+    def time_grid(self, num_steps: int) -> torch.Tensor:
+        """The unshifted grid ``linspace(1, 0, S + 1)`` the shapes models were trained and sampled on."""
+        return timesteps(num_steps, shift=self.time_shift)
 
     def save_network(self, network: nn.Module, directory: Path) -> None:
         network.save_pretrained(directory)
