@@ -7,6 +7,12 @@ and noise level ``a``::
     mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
     x'   = mean + std sqrt(-dt) eps
 
+DanceGRPO's SDE (``variant="dance"``, the step BranchGRPO's code takes), noise
+level ``eta``::
+
+    std  = eta sqrt(-dt),   x0^ = x - sigma v,   score = -(x - (1 - sigma) x0^) / sigma^2
+    mean = x + v dt - eta^2 score dt / 2,       x' = mean + std eps
+
 Coefficient-preserving sampling (``variant="cps"``), which keeps the
 coefficients of the predicted data and noise on the flow's interpolant::
 
@@ -35,7 +41,7 @@ import torch
 
 from samplers.rollout import Rollout, VelocityFn
 
-VARIANTS = ("flow", "cps", "cps_gaussian")
+VARIANTS = ("flow", "dance", "cps", "cps_gaussian")
 
 
 @dataclass
@@ -92,6 +98,10 @@ def sde_step(
         mean = x * (1 + std**2 * dt / (2 * sigma)) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
         scale = std * torch.sqrt(-dt)
         std_dev = std
+    elif variant == "dance":
+        scale = std_dev = level * torch.sqrt(-dt)
+        score = -(x - (1 - sigma) * (x - sigma * v)) / sigma**2
+        mean = x + v * dt - 0.5 * level**2 * score * dt
     else:
         scale = sigma_next * torch.sin(level * math.pi / 2)
         predicted_data = x - sigma * v
@@ -118,12 +128,12 @@ def sde_step(
 
 
 def stochastic_steps(
-    num_steps: int, noise_level: float, window: tuple[int, int] | None = None
+    num_steps: int, noise_level: float, window: tuple[int, int] | None = None, include_last: bool = False
 ) -> torch.Tensor:
     """``[num_steps]`` bool: which steps are stochastic (and trainable).
 
-    Never the last step (to t = 0); with ``window = (start, end)`` only steps
-    ``start <= i < end``; none when ``noise_level`` is 0.
+    Not the last step (to t = 0) unless ``include_last`` (BranchGRPO's code trains it) and no window;
+    with ``window = (start, end)`` only steps ``start <= i < end``; none when ``noise_level`` is 0.
     """
     steps = torch.zeros(num_steps, dtype=torch.bool)
     if noise_level <= 0:
@@ -135,6 +145,8 @@ def stochastic_steps(
             f"(the last of {num_steps} steps is never stochastic)"
         )
     steps[start : min(end, num_steps - 1)] = True
+    if include_last and window is None:
+        steps[-1] = True
     return steps
 
 

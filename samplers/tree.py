@@ -40,11 +40,17 @@ def tree_sample(
     variant: str = "flow",
     sde_window: tuple[int, int] | None = None,
     generator: torch.Generator | None = None,
+    split_noise_scale: float = 1.0,
+    include_last: bool = False,
 ) -> TreeRollout:
     """Grow one tree per row of ``noise`` (and of ``cond``) down the time grid.
 
     ``split_noise_level`` is the SDE noise level at split steps (default
-    ``noise_level``). ``sde_window = (start, end)`` turns on Mix mode: ODE
+    ``noise_level``); ``split_noise_scale`` multiplies the noise drawn at split
+    steps while the step's log-probability keeps the level's own scale (what
+    BranchGRPO's code does with its x4 split noise; 1 = consistent).
+    ``include_last`` makes the last step stochastic (and trainable) too, as
+    BranchGRPO's code trains it. ``sde_window = (start, end)`` turns on Mix mode: ODE
     outside the window except at split steps. Noise is drawn per step for the
     whole frontier in node order, so with no split steps the tree is exactly
     :func:`samplers.sde.sde_sample` with the same generator.
@@ -58,7 +64,7 @@ def tree_sample(
             f"split steps {splits} must lie in [0, {num_steps - 2}] (the last step is deterministic)"
         )
     split_level = noise_level if split_noise_level is None else split_noise_level
-    stochastic = stochastic_steps(num_steps, noise_level, sde_window)
+    stochastic = stochastic_steps(num_steps, noise_level, sde_window, include_last)
     num_trees, device = noise.shape[0], noise.device
 
     frontier = torch.arange(num_trees, device=device)
@@ -87,9 +93,10 @@ def tree_sample(
         v = v.repeat_interleave(children, dim=0)
         if index in splits or stochastic[index]:
             level = split_level if index in splits else noise_level
-            step = sde_step(
-                v, x, t, t_next, level, variant, noise=draw_noise(tuple(x.shape), generator, device)
-            )
+            noise_draw = draw_noise(tuple(x.shape), generator, device)
+            if index in splits and split_noise_scale != 1.0:
+                noise_draw = noise_draw * split_noise_scale
+            step = sde_step(v, x, t, t_next, level, variant, noise=noise_draw)
             new_x, new_log_probs = step.x_next, step.log_prob
             new_trainable = torch.ones(x.shape[0], dtype=torch.bool, device=device)
         else:

@@ -24,7 +24,7 @@ from flowrl.policy import OLD
 from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
 from flowrl.weight_copies import ModuleCopies
-from samplers import euler
+from samplers import euler, timesteps
 
 
 @dataclass
@@ -129,6 +129,9 @@ class ToyFlowModel:
 
     def decode(self, x):
         return ((x.float() + 1) / 2).clamp(0, 1)
+
+    def time_grid(self, num_steps):
+        return timesteps(num_steps)
 
     def initial_noise(self, seeds, device):
         return seeded_noise(seeds, self.sample_shape, device)

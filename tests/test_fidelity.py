@@ -245,3 +245,117 @@ def test_the_default_grid_is_the_stock_schedulers_sigmas(tmp_path, kind):
             0.0,
         ]
         assert not torch.allclose(grid, timesteps(10, shift=3.0))
+
+
+# --- BranchGRPO ----------------------------------------------------------------------------------------
+
+
+def reference_depth_advantages(tree, rewards: torch.Tensor) -> torch.Tensor:
+    """BranchGRPO's ``compute_hierarchical_advantages_by_depth``, per tree and depth: 0 for a lone node; the
+    torch default (unbiased) std; 0 below 1e-6, else ``(r - mean) / (std + 1e-8)``."""
+    out = torch.zeros_like(rewards)
+    for tree_id in tree.tree.unique().tolist():
+        for depth in tree.depth.unique().tolist():
+            nodes = torch.nonzero((tree.tree == tree_id) & (tree.depth == depth)).flatten()
+            if len(nodes) <= 1:
+                continue
+            values = rewards[nodes]
+            std = values.std()
+            if std < 1e-6:
+                continue
+            out[nodes] = (values - values.mean()) / (std + 1e-8)
+    return out
+
+
+def random_trees(num_trees=3, variant="dance", scale=4.0):
+    from samplers import tree_sample
+
+    g = torch.Generator().manual_seed(11)
+    weights = torch.randn(6, 6, generator=g) * 0.3
+    return tree_sample(
+        lambda x, t, c: x @ weights + t[:, None],
+        torch.randn(num_trees, 6, generator=g),
+        timesteps(6),
+        None,
+        [0, 2, 3],
+        2,
+        0.3,
+        None,
+        variant,
+        None,
+        torch.Generator().manual_seed(12),
+        scale,
+        True,
+    )
+
+
+def test_branchgrpo_depth_advantages_are_the_references():
+    from flowrl.algorithms.branch_grpo import depth_advantages, node_rewards
+
+    tree = random_trees()
+    leaves = torch.rand(tree.leaf_nodes.shape[0], generator=torch.Generator().manual_seed(13))
+    leaves[:8] = 0.5  # one tree whose leaves all tie: its advantages are 0, not +-1/eps noise
+    rewards = node_rewards(tree, leaves, "mean")
+    torch.testing.assert_close(
+        depth_advantages(tree, rewards), reference_depth_advantages(tree, rewards.float())
+    )
+    two_siblings = torch.tensor([0.6, 0.4])  # the issue's example: +-0.707 (n - 1), not +-1 (population)
+    assert float(((two_siblings - 0.5) / (two_siblings.std() + 1e-8))[0]) == pytest.approx(0.7071, abs=1e-4)
+
+
+def test_the_dance_sde_is_danceGRPOs_step_and_splits_score_with_the_unscaled_std():
+    """DanceGRPO / BranchGRPO ``flux_step_with_split``: ``std = eta sqrt(sigma - sigma_next)``, score
+    ``-(x - x0^ (1 - sigma)) / sigma^2``, mean ``x + dsigma v - eta^2 / 2 score dsigma``; the split noise is
+    x4 but the log-probability keeps ``std``."""
+    g = torch.Generator().manual_seed(4)
+    x, v, eps = (torch.randn(3, 5, generator=g) for _ in range(3))
+    sigma, sigma_next, eta = 0.8, 0.6, 0.3
+    dsigma = sigma_next - sigma
+    pred_original_sample = x.double() - sigma * v.double()
+    std_dev_t = eta * math.sqrt(sigma - sigma_next)
+    score_estimate = -(x.double() - pred_original_sample * (1 - sigma)) / sigma**2
+    prev_sample_mean = x.double() + dsigma * v.double() + (-0.5 * eta**2 * score_estimate) * dsigma
+    sample = prev_sample_mean + 4.0 * eps.double() * std_dev_t
+    log_prob = (
+        -((sample - prev_sample_mean) ** 2) / (2 * std_dev_t**2)
+        - math.log(std_dev_t)
+        - 0.5 * math.log(2 * math.pi)
+    ).mean(dim=1)
+    step = sde_step(v, x, sigma, sigma_next, eta, "dance", noise=4.0 * eps)
+    torch.testing.assert_close(step.mean.double(), prev_sample_mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(step.x_next.double(), sample, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(step.log_prob.double(), log_prob, rtol=1e-5, atol=1e-5)
+    # in a tree: split transitions drew x4 noise and are scored with the unscaled std
+    tree = random_trees(1, scale=4.0)
+    plain = random_trees(1, scale=1.0)
+    split_edges = tree.depth == 1
+    assert bool((tree.edge_log_probs[split_edges] < plain.edge_log_probs[split_edges]).all())
+
+
+def reference_active_pruning_depths(base_depths, step, interval, stop_depth):
+    """BranchGRPO's sliding depth pruning: ``shift = step // interval`` capped at ``base[0] - stop``."""
+    shift_now = max(0, int(step // interval))
+    max_shift = max(0, base_depths[0] - stop_depth)
+    return {d - min(shift_now, max_shift) for d in base_depths}
+
+
+def test_branchgrpo_depth_pruning_slides_as_the_reference():
+    from flowrl.algorithms.branch_grpo import pruned_depths
+
+    config = load_config(
+        "configs/shapes_branchgrpo.yaml",
+        [
+            "sampler.num_steps=20",
+            "algorithm.split_steps=[0,3,6,9]",
+            "training.group_size=16",
+            "training.prompts_per_step=4",
+            "training.micro_batch_size=16",
+            "algorithm.depth_pruning=[15,16,17,18]",
+            "algorithm.depth_pruning_slide=true",
+            "algorithm.depth_pruning_interval=30",
+            "algorithm.depth_pruning_stop_depth=9",
+        ],
+    ).algorithm
+    for step in (1, 29, 30, 61, 150, 180, 181, 400):
+        assert pruned_depths(config, step) == reference_active_pruning_depths([15, 16, 17, 18], step, 30, 9)
+    assert min(pruned_depths(config, 10_000)) == 9

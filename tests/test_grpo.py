@@ -204,7 +204,7 @@ def test_node_rewards_and_depth_advantages_match_a_hand_built_tree():
     # fusion: node 0's children 1, 2 have edge log-probs 0 and log 3 -> weights 1/4 and 3/4
     fusion = node_rewards(tree, leaf, "fusion")
     torch.testing.assert_close(fusion[[0, 1, 2]], torch.tensor([0.125, 0.5, 0.0]))
-    advantages = depth_advantages(tree, mean)
+    advantages = depth_advantages(tree, mean, form="population")  # flowrl's earlier form
     eps = 1e-4
     # depth 1: rewards 0.5, 0 -> mean 0.25, std 0.25; depth 2 and 3: 1, 0, 0, 0 -> mean 0.25, std sqrt(3)/4
     torch.testing.assert_close(advantages[[1, 2]], torch.tensor([0.25, -0.25]) / (0.25 + eps))
@@ -214,35 +214,45 @@ def test_node_rewards_and_depth_advantages_match_a_hand_built_tree():
     torch.testing.assert_close(advantages[[7, 8, 9, 10]], expected)
     assert float(advantages[0]) == 0  # a depth with one node
     # pooled std (std_scope=batch): the same centring, divided by a given per-depth std
-    pooled = depth_advantages(tree, mean, torch.full((4,), 0.5))
+    pooled = depth_advantages(tree, mean, torch.full((4,), 0.5), form="population")
     torch.testing.assert_close(pooled[[1, 2]], torch.tensor([0.25, -0.25]) / (0.5 + eps))
 
 
 def test_pruning_drops_exactly_the_right_edges():
     tree = hand_built_tree()
-    advantages = depth_advantages(tree, node_rewards(tree, torch.tensor([1.0, 0.0, 0.5, 0.2])))
-    assert trained_edges(tree, advantages, None, None, False).tolist() == [1, 2, 3, 4, 5, 6]
-    assert trained_edges(tree, advantages, (1, 2), None, False).tolist() == [3, 4, 5, 6]  # step 1 only
-    assert trained_edges(tree, advantages, None, (0, 1), False).tolist() == [1, 2]  # Mix: window steps only
+    advantages = depth_advantages(
+        tree, node_rewards(tree, torch.tensor([1.0, 0.0, 0.5, 0.2])), form="population"
+    )
+
+    def kept(depth_window, sde_window_steps, pruned, width):
+        keep = trained_edges(tree, advantages, depth_window, sde_window_steps, pruned, width, last_split=1)
+        return torch.nonzero(keep).flatten().tolist()
+
+    assert kept(None, None, set(), "none") == [1, 2, 3, 4, 5, 6]
+    assert kept((1, 2), None, set(), "none") == [3, 4, 5, 6]  # step 1 only
+    assert kept(None, (0, 1), set(), "none") == [1, 2]  # Mix: window steps only
+    assert kept(None, None, {2}, "none") == [1, 2]  # the reference's depth pruning removes depth 2
     # width: of depth 2's four nodes (advantages of 1, 0, 0.5, 0.2) keep the best and the worst
-    assert trained_edges(tree, advantages, None, None, True).tolist() == [1, 2, 3, 4]
+    assert kept(None, None, set(), "quartiles") == [1, 2, 3, 4]
 
 
 def test_pruning_never_changes_the_rollout_and_rows_match_the_count(tiny_model):
-    plain = grpo_config("branchgrpo", "algorithm.depth_window_size=0", "algorithm.width_pruning=false")
+    plain = grpo_config("branchgrpo", "algorithm.depth_window_size=0", "algorithm.width_pruning=none")
     pruned = grpo_config(
         "branchgrpo",
         "algorithm.depth_window_size=2",
         "algorithm.depth_window_start=1",
         "algorithm.depth_window_slide=false",
-        "algorithm.width_pruning=true",
+        "algorithm.width_pruning=quartiles",
     )
     policy = make_policy(ShapesFlowModel(tiny_model))
     chunk_a, _, rows_a = rollout_rows(BranchGRPO(plain), policy, plain, ["a red circle", "a blue square"])
     chunk_b, _, rows_b = rollout_rows(BranchGRPO(pruned), policy, pruned, ["a red circle", "a blue square"])
     assert torch.equal(chunk_a.x0, chunk_b.x0) and torch.equal(chunk_a.data.states, chunk_b.data.states)
     assert rows_a.count == BranchGRPO(plain).num_rows(8) and rows_b.count == BranchGRPO(pruned).num_rows(8)
-    assert rows_a.count == 2 * (2 + 2 + 4 + 4)  # 2 trees; edges of steps 0..3 (step 4 is deterministic)
+    assert rows_a.count == 2 * (
+        2 + 2 + 4 + 4 + 4
+    )  # 2 trees; edges of steps 0..4 (the reference trains the last)
     assert rows_b.count == 2 * (2 + 2)  # steps 1 and 2; width pruning keeps 2 of the 4 at step 2
     grid = timesteps(plain.sampler.num_steps)
     assert {float(t) for t in rows_b.data["t"]} == {float(grid[1]), float(grid[2])}
@@ -278,7 +288,9 @@ def test_grpo_recipes_train_through_the_loop(tmp_path, tiny_model_dir, name):
     Trainer(config).train()
     rows = read_metrics(tmp_path / "metrics.jsonl")[1:]
     assert [row["step"] for row in rows] == [1, 2]
-    assert rows[0]["grpo/ratio"] == 1.0 and rows[0]["grpo/clip_fraction"] == 0.0
+    # on-policy at the first inner step: ratio 1 up to the last bits of a differently composed batch (the
+    # rows' micro-batches are not the rollout's frontiers; DanceGRPO's small std amplifies them)
+    assert rows[0]["grpo/ratio"] == pytest.approx(1.0, abs=1e-6) and rows[0]["grpo/clip_fraction"] == 0.0
     assert all(math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows)
 
 
@@ -300,3 +312,66 @@ def test_same_group_noise_and_dropped_zero_std_groups(tiny_model):
         chunk.x0[0], chunk.x0[1]
     )  # SDE noise differs
     assert rows.weights.tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and rows.log == {"grpo/dropped_samples": 0.5}
+
+
+@pytest.mark.parametrize("width", ["best_half", "best_and_worst"])
+def test_the_reference_width_pruning_keeps_its_share_after_the_last_split(tiny_model, width):
+    """Mode 1 keeps int(n / 2) of each branch's post-split transitions, mode 2 the best and worst quarter of
+    them pooled over the trees; the edges up to the last split are all kept; rows match num_rows."""
+    config = grpo_config("branchgrpo", f"algorithm.width_pruning={width}")
+    policy = make_policy(ShapesFlowModel(tiny_model))
+    algorithm = BranchGRPO(config)
+    _, _, rows = rollout_rows(algorithm, policy, config, ["a red circle", "a blue square"])
+    assert rows.count == algorithm.num_rows(8)
+    grid = timesteps(config.sampler.num_steps)
+    after = rows.data["t"] < float(grid[2]) - 1e-6  # steps 3 and 4 lie after the last split (step 2)
+    assert int((~after).sum()) == 2 * (2 + 2 + 4)
+    post_split = 2 * 4 * 2  # 2 trees x 4 chains x 2 steps
+    assert int(after.sum()) == (8 * 1 if width == "best_half" else post_split // 2)
+    if width == "best_and_worst":
+        kept = rows.advantages[after].sort().values
+        assert kept[0] <= kept[-1]
+
+
+def test_branchgrpo_batch_std_is_global_so_two_processes_train_as_one(tmp_path, tiny_model_dir):
+    """``std_scope: batch`` pools each depth's std over every tree of the gathered batch (the advantages
+    hook), not over one process's trees: two real processes (gloo) give one process's losses and weights."""
+    import os
+    import subprocess
+    import sys
+
+    from test_trainer import final_weights
+
+    overrides = [
+        *TINY_GRPO_RUN,
+        *TINY_TREE["branchgrpo"],
+        "algorithm.std_scope=batch",
+        "algorithm.width_pruning=none",  # mode 2 pools over each process's trees, as the reference does
+        "training.steps=2",
+        "training.threads=1",
+        f"model.name={tiny_model_dir}",
+    ]
+    Trainer(
+        load_config("configs/shapes_branchgrpo.yaml", [*overrides, f"logging.output_dir={tmp_path / 'one'}"])
+    ).train()
+    command = [
+        sys.executable,
+        *("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"),
+        *("--mixed_precision", "no", "--dynamo_backend", "no", "-m", "flowrl.train"),
+        "configs/shapes_branchgrpo.yaml",
+        *overrides,
+        f"logging.output_dir={tmp_path / 'two'}",
+    ]
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
+    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
+    assert all(row["num_processes"] == 2 for row in rows_two)
+    for row_one, row_two in zip(rows_one, rows_two, strict=True):
+        for key in ("reward/mean", "loss", "grad_norm", "grpo/policy_loss"):
+            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
+    _, weights_one = final_weights(tmp_path / "one")
+    _, weights_two = final_weights(tmp_path / "two")
+    for name, value in weights_one["model"].items():
+        torch.testing.assert_close(weights_two["model"][name], value, rtol=1e-4, atol=1e-5)

@@ -28,7 +28,7 @@ with ``mean R`` the raw total reward of the step's global batch (computed once,
 by the advantages hook, on every process alike) and a linear schedule ``s``
 (``anchor_adaptive: reward_level``, the default). ``optimality`` is flowrl's
 earlier per-sample form ``floor + (1 - floor) r_i``: the batch mean of ``r`` is
-1/2 whatever the reward level, so it never adapts to it; ``off`` is constant.
+1/2 whatever the reward level, so it never adapts to it; ``none`` is constant.
 The loss is the mean over samples.
 
 For the squared form the gradient through the group means vanishes exactly

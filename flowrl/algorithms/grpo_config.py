@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from flowrl.algorithms.base import AlgorithmConfig
 from flowrl.config_schema import ConfigError, at_least, choice
 
+SDE_VARIANTS = ("flow", "dance", "cps", "cps_gaussian")
+
 if TYPE_CHECKING:
     from flowrl.config import TrainConfig
 
@@ -30,9 +32,10 @@ class GRPOConfig(AlgorithmConfig):
     kl_form: str = field(default="reference", metadata=choice("reference", "exact"))
     #: the Flow-SDE noise level a
     noise_level: float = field(default=0.7, metadata=at_least(0.0, strict=True))
-    #: ``flow`` (Flow-SDE), ``cps`` (coefficient-preserving, scored as Flow-GRPO's code: ``-mean ||x' - mu||²``)
-    #: or ``cps_gaussian`` (the same step scored by its exact Gaussian log-density)
-    sde_variant: str = field(default="flow", metadata=choice("flow", "cps", "cps_gaussian"))
+    #: ``flow`` (Flow-SDE), ``dance`` (DanceGRPO's step, std = noise_level sqrt(|dt|), BranchGRPO's code),
+    #: ``cps`` (coefficient-preserving, scored as Flow-GRPO's code: ``-mean ||x' - mu||²``) or
+    #: ``cps_gaussian`` (the same step scored by its exact Gaussian log-density)
+    sde_variant: str = field(default="flow", metadata=choice(*SDE_VARIANTS))
     #: steps ``[start, start + size)`` are stochastic (0 = all but the last); with ``sde_window_slide``
     #: the window moves ``sde_window_stride`` steps every ``sde_window_every`` iterations (MixGRPO)
     sde_window_size: int = field(default=0, metadata=at_least(0))
@@ -84,21 +87,52 @@ class FlowGRPOConfig(GRPOConfig):
 
 @dataclass
 class BranchGRPOConfig(GRPOConfig):
-    """BranchGRPO (:mod:`flowrl.algorithms.branch_grpo`): the tree, node rewards and pruning."""
+    """BranchGRPO (:mod:`flowrl.algorithms.branch_grpo`): the tree, node rewards and pruning.
+
+    The defaults are those of BranchGRPO's code (Fredreic1849/BranchGRPO, ``train_branchgrpo_flux.py`` and
+    its launch script): DanceGRPO's SDE at eta = 0.3 with x4 noise at splits (scored with the unscaled
+    std), no KL, clip 1e-3, the last step trained, advantages per tree and depth with the sample std.
+    """
 
     name: str = "branch_grpo"
+    std_scope: str = field(default="group", metadata=choice("batch", "group"))
+    clip_range: float = field(default=1e-3, metadata=at_least(0.0, strict=True))
+    kl_weight: float = field(default=0.0, metadata=at_least(0.0))
+    noise_level: float = field(default=0.3, metadata=at_least(0.0, strict=True))
+    sde_variant: str = field(default="dance", metadata=choice(*SDE_VARIANTS))
     split_steps: list[int] = field(default_factory=lambda: [0, 2, 4])
     branching: int = field(default=2, metadata=at_least(2))
-    #: the noise level of split steps (None = ``noise_level``)
+    #: the noise level of split steps (None = ``noise_level``); a consistent alternative to the scale below
     split_noise_level: float | None = None
+    #: the noise drawn at split steps is multiplied by this, its log-probability keeps the unscaled std
+    #: (the reference's ``split_noise_scale``: 4; 1 = every transition scored by the noise it drew)
+    split_noise_scale: float = field(default=4.0, metadata=at_least(0.0, strict=True))
+    #: the last step (to t = 0) is stochastic and trained, as in the reference (no SDE window only)
+    train_last_step: bool = True
     node_reward: str = field(default="mean", metadata=choice("mean", "fusion"))
-    #: depth pruning: train only edges into depths ``[depth_window_start, +size)`` (0 = all depths),
-    #: sliding by one depth per iteration with ``depth_window_slide``
+    #: depth-wise advantages: ``sample`` std (n - 1) + 1e-8 and 0 below a std of 1e-6 (the reference), or
+    #: flowrl's earlier ``population`` std + 1e-4
+    depth_std: str = field(default="sample", metadata=choice("sample", "population"))
+    #: depth pruning (the reference's): depths whose incoming transitions are not trained (depth d = the
+    #: transition of step d - 1); with ``depth_pruning_slide`` they move one depth shallower every
+    #: ``depth_pruning_interval`` iterations until the shallowest reaches ``depth_pruning_stop_depth``
+    #: (None = the last split step)
+    depth_pruning: list[int] = field(default_factory=list)
+    depth_pruning_slide: bool = False
+    depth_pruning_interval: int = field(default=30, metadata=at_least(1))
+    depth_pruning_stop_depth: int | None = field(default=None, metadata=at_least(0))
+    #: width pruning of the transitions after the last split (the reference's modes): ``none``,
+    #: ``best_half`` (mode 1: the best half of each branch), ``best_and_worst`` (mode 2: the best and worst
+    #: quarter pooled over the process's trees), or flowrl's ``quartiles`` (per tree and depth at every
+    #: depth, the best and worst quarter of nodes)
+    width_pruning: str = field(
+        default="none", metadata=choice("none", "best_half", "best_and_worst", "quartiles")
+    )
+    #: flowrl's depth window (a variant): train only edges into depths ``[start, start + size)`` (0 = all),
+    #: sliding deeper by one per iteration and wrapping with ``depth_window_slide``
     depth_window_size: int = field(default=0, metadata=at_least(0))
     depth_window_start: int = field(default=0, metadata=at_least(0))
     depth_window_slide: bool = False
-    #: width pruning: per tree and depth keep only the best and worst quarter of nodes by advantage
-    width_pruning: bool = False
 
     def check(self, config: TrainConfig) -> None:
         """The tree's shape agrees with the sampler's steps, the group size and the micro-batches."""
@@ -121,6 +155,17 @@ class BranchGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for branch_grpo; "
                 f"it must be a multiple of the {leaves} leaves of a tree (rollouts are whole trees)"
+            )
+        if self.std_scope == "batch" and self.node_reward == "fusion":
+            raise ConfigError(
+                "algorithm.std_scope='batch' is not allowed with node_reward='fusion'; the pooled depth std is "
+                "taken over the global batch from the leaf rewards, which needs node_reward='mean'"
+            )
+        bad_depths = [depth for depth in self.depth_pruning if not 1 <= depth <= steps]
+        if bad_depths:
+            raise ConfigError(
+                f"algorithm.depth_pruning={self.depth_pruning} is not allowed; depths lie in [1, {steps}] "
+                f"(sampler.num_steps={steps})"
             )
         if self.depth_window_size and self.depth_window_size > steps - 1:
             raise ConfigError(

@@ -6,7 +6,7 @@ with the rest of the config (``check``), builds itself (``from_config``) and
 chooses how its weight copies are kept (``weight_copies``). As a *flow
 model* it then gives a policy (:mod:`flowrl.policy`) what sampling and
 training need: ``encode``, ``velocity(network, x, t, cond[, r])``,
-``decode``, ``initial_noise``, ``sample_shape``, ``time_shift``, ``device``,
+``decode``, ``initial_noise``, ``time_grid``, ``sample_shape``, ``time_shift``, ``device``,
 ``mean_flow``, ``to``, ``save_network`` (:class:`FlowModel`).
 
 Adding a diffusers backend: ``my_model.py`` subclassing
@@ -80,6 +80,8 @@ class FlowModel(Protocol):
     def decode(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor: ...
+
+    def time_grid(self, num_steps: int) -> torch.Tensor: ...
 
     def save_network(self, network: nn.Module, directory: Path) -> None: ...
 
