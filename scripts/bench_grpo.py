@@ -46,21 +46,13 @@ from rewards import AsyncScorer  # noqa: E402
 #: (name, recipe, overrides): the same 8 prompts x 8 final images per iteration for all of them
 VARIANTS = [
     ("flow_grpo (flat)", "configs/shapes_flowgrpo.yaml", ["algorithm.timestep_fraction=1.0"]),
+    ("branch_grpo", "configs/shapes_branchgrpo.yaml", ["algorithm.width_pruning=none"]),
     (
-        "branch_grpo",
+        "branch_grpo + depth pruning",  # the reference's: the transitions into depths 1-6 are not trained
         "configs/shapes_branchgrpo.yaml",
-        ["algorithm.depth_window_size=0", "algorithm.width_pruning=false"],
+        ["algorithm.depth_pruning=[1,2,3,4,5,6]", "algorithm.width_pruning=none"],
     ),
-    (
-        "branch_grpo + depth pruning",
-        "configs/shapes_branchgrpo.yaml",
-        [
-            "algorithm.depth_window_size=3",
-            "algorithm.depth_window_start=6",
-            "algorithm.depth_window_slide=false",
-            "algorithm.width_pruning=false",
-        ],
-    ),
+    ("branch_grpo + width pruning", "configs/shapes_branchgrpo.yaml", []),
     ("branch_grpo mix", "configs/shapes_branchgrpo_mix.yaml", []),
 ]
 
@@ -70,7 +62,9 @@ class EvaluationCounter:
 
     def __init__(self, trainer: Trainer) -> None:
         self.rollout = self.training = 0
-        trainer.policy.copies.copies[OLD].register_forward_hook(lambda _m, inputs, _o: self._add("rollout", inputs))
+        trainer.policy.copies.copies[OLD].register_forward_hook(
+            lambda _m, inputs, _o: self._add("rollout", inputs)
+        )
         for module in (trainer.policy.copies.unwrapped, trainer.policy.copies.copies[REFERENCE]):
             module.register_forward_hook(lambda _m, inputs, _o: self._add("training", inputs))
 
