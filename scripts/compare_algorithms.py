@@ -9,7 +9,7 @@ the other (never two CPU-bound runs at once), into ``<out>/<recipe>_seed<s>/``; 
 evaluated once per base model (seed 0; CFG-free and CFG 3). Then per algorithm, mean and sd over seeds:
 the training reward of the first and the last 20 steps, its rise in units of the seed spread, and the
 held-out CFG-free score against the base. Prints the table, writes ``<out>/comparison.json`` and a bar
-chart ``<out>/comparison.png``.
+chart ``<out>/comparison.png`` (and the table as ``<out>/comparison.md``).
 """
 
 from __future__ import annotations
@@ -137,6 +137,25 @@ def print_table(table: dict[str, dict]) -> None:
         )
 
 
+def markdown(table: dict[str, dict]) -> str:
+    """The table as Markdown (mean ± sd over seeds)."""
+    lines = [
+        "| algorithm | seeds | training reward, first 20 steps | last 20 steps | rise / seed sd | held-out CFG-free "
+        "| base CFG-free | base CFG 3 | s/step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for recipe, row in table.items():
+        cells = [
+            f"{row[key][0]:.3f} ± {row[key][1]:.3f}" for key in ("reward_first", "reward_last", "held_out")
+        ]
+        rise = "n/a" if row["rise_over_seed_sd"] is None else f"{row['rise_over_seed_sd']:.1f}"
+        lines.append(
+            f"| {recipe} | {len(row['seeds'])} | {cells[0]} | {cells[1]} | {rise} | {cells[2]} | "
+            f"{row['base_cfg1']:.3f} | {row['base_cfg3']:.3f} | {row['seconds_per_step'][0]:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(table: dict[str, dict], path: Path) -> None:
     names = list(table)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -185,6 +204,7 @@ def main() -> None:
     table = summarise(out, args.recipes, args.seeds)
     print_table(table)
     (out / "comparison.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out / "comparison.md").write_text(markdown(table))
     plot(table, out / "comparison.png")
     print(f"wrote {out / 'comparison.json'} and {out / 'comparison.png'}")
 
