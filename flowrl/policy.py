@@ -127,11 +127,6 @@ class Policy:
     ) -> torch.Tensor:
         return self.velocity_of(OLD)(x, t, cond, r)
 
-    def rollout_velocity(
-        self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return self.velocity_of(ROLLOUT)(x, t, cond, r)
-
     def reference_velocity(
         self, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:

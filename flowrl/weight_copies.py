@@ -73,9 +73,6 @@ class ModuleCopies:
         else:
             yield self._copy(role)
 
-    def has(self, role: str) -> bool:
-        return role in self.copies
-
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -163,9 +160,6 @@ class AdapterCopies:
         if name not in self._parameters:
             raise KeyError(f"this policy keeps no {role!r} adapter; it keeps {sorted(self._parameters)}")
         return name
-
-    def has(self, role: str) -> bool:
-        return role == REFERENCE or self.ADAPTERS.get(role) in self._parameters
 
     @contextlib.contextmanager
     def network(self, role: str) -> Iterator[nn.Module]:
