@@ -1,29 +1,37 @@
 """The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``rewards``, ``reward-server``,
 ``pretrain-shapes``, ``demo``.
+
+Each command imports what it needs when it runs (torch and the models take
+seconds), so ``flowrl --help`` and ``--version`` answer at once. Bad input is
+one line on stderr (exit status 2); a failure during a run is one line too
+(exit status 1); Ctrl-C during training exits with 130 and says how to resume.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
-from dataclasses import fields
-from functools import partial
+from importlib import metadata
 from pathlib import Path
 
-import yaml
+DESCRIPTION = """\
+flowrl: reinforcement-learning alignment of flow-matching image and video generators.
+"flowrl COMMAND --help" tells more about a command; the README has a walk-through."""
 
-from flowrl.evaluation import evaluate, write_evaluation
-from flowrl.generate import generate
-from flowrl.grid import save_grid
-from flowrl.models import load_shapes_model
-from flowrl.models.dtypes import DTYPES
-from flowrl.pretrain import PretrainConfig, pretrain
-from flowrl.worlds import get_world
-from rewards import build_reward, describe_rewards
+TRAIN_EPILOG = """\
+overrides are section.key=value, the value read as YAML:
+  training.steps=50  evaluation.guidance_scales=[1,3]  logging.output_dir=runs/mine
+resume=latest continues the run in logging.output_dir from its newest usable checkpoint
+(resume=PATH names a checkpoint folder). Every key, its default and what is allowed:
+docs/training.md and flowrl/config.py; recipes: configs/."""
 
 
 def _sample(args: argparse.Namespace) -> None:
+    from flowrl.generate import generate
+    from flowrl.grid import save_grid
+    from flowrl.models import load_shapes_model
+
     model = load_shapes_model(args.model)
     prompts = [prompt for prompt in args.prompt for _ in args.seeds]
     seeds = [seed for _ in args.prompt for seed in args.seeds]
@@ -35,6 +43,14 @@ def _sample(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    import json
+    from functools import partial
+
+    from flowrl.evaluation import evaluate, write_evaluation
+    from flowrl.generate import generate
+    from flowrl.models import load_shapes_model
+    from flowrl.worlds import get_world
+
     model = load_shapes_model(args.model)
     world = get_world("video_shapes" if model.is_video else "shapes")
     records = world.prompts("test")
@@ -55,6 +71,10 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _pretrain_shapes(args: argparse.Namespace) -> None:
+    from dataclasses import fields
+
+    from flowrl.pretrain import PretrainConfig, pretrain
+
     overrides = {
         f.name: getattr(args, f.name) for f in fields(PretrainConfig) if getattr(args, f.name) is not None
     }
@@ -67,6 +87,10 @@ def _parse_settings(pairs: list[str]) -> dict[str, object]:
 
     ``dtype=NAME`` becomes the torch dtype (one of :data:`DTYPES`).
     """
+    import yaml
+
+    from flowrl.models.dtypes import DTYPES
+
     settings: dict[str, object] = {}
     for pair in pairs:
         key, separator, value = pair.partition("=")
@@ -82,6 +106,8 @@ def _parse_settings(pairs: list[str]) -> dict[str, object]:
 
 
 def _rewards_list(args: argparse.Namespace) -> None:
+    from rewards import describe_rewards
+
     rows = describe_rewards()
     width = max(len(row.name) for row in rows)
     print(f"{'reward':<{width}}  {'modality':<8}  {'source':<10}  weights")
@@ -90,28 +116,53 @@ def _rewards_list(args: argparse.Namespace) -> None:
 
 
 def _reward_server(args: argparse.Namespace) -> None:
+    from rewards import build_reward
     from rewards.server import serve
 
+    _working_directory_on_path()
     serve(args.reward, build_reward(args.reward, **_parse_settings(args.setting)), args.host, args.port)
 
 
-def _train(args: argparse.Namespace) -> None:
-    from flowrl.config import load_config
-    from flowrl.trainer import train
+def _working_directory_on_path() -> None:
+    """Let dotted-path rewards (``myreward:score``) import from the working directory, as ``python -m``
+    does (appended, so it never shadows an installed package)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
 
-    train(load_config(args.config, args.overrides))
+
+def _train(args: argparse.Namespace) -> int:
+    from flowrl.config import load_config
+    from flowrl.trainer import Trainer
+
+    _working_directory_on_path()
+    trainer = Trainer(load_config(args.config, args.overrides))
+    try:
+        trainer.train()
+    except KeyboardInterrupt:
+        command = " ".join(
+            ["flowrl train", args.config, *[o for o in args.overrides if not o.startswith("resume=")]]
+        )
+        _print_once(
+            f"\nflowrl train: interrupted at step {trainer.step}; continue from its last checkpoint with:\n"
+            f"  {command} resume=latest"
+        )
+        return 130
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from app.cli import main as demo_main  # the app builds on flowrl: imported only when the command runs
+    from app.cli import main as demo_main  # the app builds on flowrl: imported only when it runs
 
     return demo_main(args.arguments, prog="flowrl demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``flowrl`` subcommand."""
-    parser = argparse.ArgumentParser(prog="flowrl", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="flowrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"flowrl {metadata.version('flowrl')}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sample = commands.add_parser("sample", help="write an image grid for prompts and seeds")
     sample.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
@@ -157,15 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
         "pretrain-shapes", help="pretrain a shapes model: flow matching, or MeanFlow (--objective meanflow)"
     )
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")
+    from dataclasses import fields
+
+    from flowrl.pretrain_config import PretrainConfig  # a leaf module: its fields are the flags
+
     for f in fields(PretrainConfig):
         pretrain.add_argument(
             f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
         )
     pretrain.set_defaults(run=_pretrain_shapes)
 
-    train = commands.add_parser("train", help="online RL fine-tuning from a YAML config")
+    train = commands.add_parser(
+        "train",
+        help="online RL fine-tuning from a YAML config",
+        description="Online RL fine-tuning from a YAML config (accelerate launch -m flowrl.cli train ... "
+        "for several processes).",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     train.add_argument("config", help="YAML config file (see configs/)")
-    train.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. training.steps=50")
+    train.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. training.steps=50 resume=latest"
+    )
     train.set_defaults(run=_train)
 
     demo = commands.add_parser(
@@ -178,17 +242,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_once(message: str) -> None:
+    """Print to stderr on the main process only (``RANK`` 0 or unset), so that a multi-process run
+    reports a config error once."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run a ``flowrl`` subcommand; bad input is one line on stderr and exit status 2."""
+    """Run a ``flowrl`` subcommand (module docstring for exit statuses)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["demo"]:  # the app parses its own arguments, --help included
         return _demo(argparse.Namespace(arguments=argv[1:]))
     args = build_parser().parse_args(argv)
+    from flowrl.checkpoint import CheckpointError
+    from rewards import RewardError
+
     try:
         status = args.run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"flowrl {args.command}: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, NotADirectoryError, CheckpointError) as error:
+        _print_once(f"flowrl {args.command}: error: {error}")
         return 2
+    except (RewardError, FloatingPointError) as error:
+        _print_once(f"flowrl {args.command}: failed: {error}")
+        return 1
     return status or 0
 
 

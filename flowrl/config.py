@@ -25,6 +25,7 @@ by :func:`load_config` before any model loads; what needs the process count
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,9 @@ class TrainingConfig:
     ema_decay: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     seed: int = 0
     threads: int = field(default=0, metadata=_at_least(0))
+    #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
+    #: ``on_error: skip_batch`` reward failed) before the run stops with an error
+    max_consecutive_skips: int = field(default=5, metadata=_at_least(1))
 
 
 @dataclass
@@ -215,19 +219,59 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only, no tags that build objects), refusing a key given twice in
+    one mapping (PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """``text`` read as YAML (safe, duplicate keys refused); a :class:`ConfigError` naming ``source``
+    and the line for malformed input."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
+
+
 def read_yaml_with_defaults(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The mapping of ``path`` merged over the files its ``defaults`` list names."""
     path = Path(path).resolve()
     if path in _seen:
         raise ConfigError(f"config defaults form a cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give a YAML file (see configs/)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+    data = parse_yaml(text, f"config file {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
     defaults = data.pop("defaults", []) or []
     if isinstance(defaults, str):
         defaults = [defaults]
+    if not isinstance(defaults, list) or not all(isinstance(default, str) for default in defaults):
+        raise ConfigError(
+            f"config file {path}: defaults={defaults!r} is not allowed; expected a list of paths"
+        )
     merged: dict[str, Any] = {}
     for default in defaults:
         merged = _merge(merged, read_yaml_with_defaults(path.parent / default, (*_seen, path)))
@@ -242,11 +286,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not separator or not dotted:
             raise ConfigError(f"override {override!r} is not key=value (e.g. training.steps=50)")
         keys = dotted.split(".")
+        if not all(keys):
+            raise ConfigError(f"override {override!r} has an empty key; write section.key=value")
+        value = parse_yaml(raw, f"override {override!r}")
         node = data
-        for key in keys[:-1]:
-            node[key] = dict(node.get(key) or {})
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is not None and not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {override!r}: {'.'.join(keys[: depth + 1])} is a value ({child!r}), "
+                    "not a section with keys"
+                )
+            node[key] = dict(child or {})
             node = node[key]
-        node[keys[-1]] = yaml.safe_load(raw)
+        node[keys[-1]] = value
     return data
 
 
@@ -303,3 +356,50 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     backend_class(config.model.backend).check(config)
     config.algorithm.check(config)
+
+
+# --- resuming -----------------------------------------------------------------------------------
+
+#: keys a resumed run may change: how long it runs and how it reports; any other change (the learning
+#: rate, the reward, the algorithm, ...) would mix two runs' histories in one folder and is refused
+RESUME_MUTABLE_KEYS = (
+    "resume",
+    "training.steps",
+    "training.threads",
+    "training.max_consecutive_skips",
+    "logging.output_dir",
+    "logging.tracker",
+    "logging.progress",
+    "logging.sample_every",
+    "logging.checkpoint_every",
+    "logging.keep_checkpoints",
+    "evaluation.every",
+)
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and key != "rewards":
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_resume_changes(saved: dict[str, Any], config: TrainConfig, checkpoint: str) -> None:
+    """Refuse to resume ``checkpoint`` (whose manifest recorded ``saved``) under a config that changed
+    anything but :data:`RESUME_MUTABLE_KEYS`; the error lists each change."""
+    current = _flatten(json.loads(json.dumps(config.to_dict())))
+    before = _flatten(saved)
+    changed = [
+        f"{key}: {before.get(key)!r} -> {current.get(key)!r}"
+        for key in sorted(set(current) | set(before))
+        if key not in RESUME_MUTABLE_KEYS and before.get(key) != current.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"resume: the config differs from the one checkpoint {checkpoint} was trained with "
+            f"({'; '.join(changed)}); a resumed run may change only {list(RESUME_MUTABLE_KEYS)}. "
+            "Undo the change, or start a new run in another logging.output_dir"
+        )

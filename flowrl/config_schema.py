@@ -10,6 +10,7 @@ import cycle. Rules are ``dataclasses.field`` metadata: ``choice(...)``,
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -65,6 +66,20 @@ def _check_value(key: str, value: Any, kind: Any, rules: typing.Mapping[str, Any
     return value
 
 
+def _finite_number(key: str, value: Any) -> float:
+    """``value`` as a finite float (ints and numeric strings accepted: YAML 1.1 reads "1e-4" as a string);
+    NaN and infinities are refused, in any spelling (``.nan``, ``.inf``, ``"nan"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r} is not allowed; expected a number") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected a finite number")
+    return number
+
+
 def _coerce(key: str, value: Any, kind: Any) -> Any:
     """``value`` as ``kind`` (int accepted for float; ``X | None`` accepts None), else a ConfigError."""
     origin = typing.get_origin(kind)
@@ -82,13 +97,8 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} is not allowed; expected a mapping")
         return dict(value)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is float and isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-4" (no dot) as a string
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r} is not allowed; expected a number") from None
+    if kind is float:
+        return _finite_number(key, value)
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"{key}={value!r} is not allowed; expected true or false")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):

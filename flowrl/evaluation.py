@@ -29,12 +29,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from flowrl.grid import save_grid
 from flowrl.worlds import WORLDS, PromptRecord, World
 
 ImageSampler = Callable[[Sequence[str], Sequence[int], int, float], torch.Tensor]
 HISTOGRAM_BINS = 32
+#: samples drawn per call of the sampler during evaluation (one progress-bar tick; a multiple of every
+#: backend's generate batch, so evaluation batches exactly as before)
+EVAL_BATCH = 128
 
 
 def colour_histograms(media: torch.Tensor) -> torch.Tensor:
@@ -104,11 +108,25 @@ def evaluate(
     guidance_scale: float = 1.0,
     seed: int = 0,
     world: World = WORLDS["shapes"],
+    progress: str | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor, list[tuple[PromptRecord, int]], dict[str, torch.Tensor]]:
-    """``(scores, media, items, rewards)`` of the sampled media on ``records`` of ``world`` (module docstring)."""
+    """``(scores, media, items, rewards)`` of the sampled media on ``records`` of ``world`` (module docstring).
+
+    Samples are drawn :data:`EVAL_BATCH` at a time (each from its own seed, so the batching changes
+    nothing), behind a progress bar labelled ``progress`` when one is given.
+    """
     items = evaluation_items(records, images_per_task, seed, world.tasks)
-    images = sample_images(
-        [record["prompt"] for record, _ in items], [s for _, s in items], num_steps, guidance_scale
+    batches = range(0, len(items), EVAL_BATCH)
+    images = torch.cat(
+        [
+            sample_images(
+                [record["prompt"] for record, _ in items[begin : begin + EVAL_BATCH]],
+                [s for _, s in items[begin : begin + EVAL_BATCH]],
+                num_steps,
+                guidance_scale,
+            )
+            for begin in tqdm(batches, desc=progress, unit="batch", disable=progress is None, leave=False)
+        ]
     )
     expected = 5 if world.is_video else 4
     if images.ndim != expected:

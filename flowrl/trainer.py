@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import platform
 import random
 import resource
@@ -45,16 +46,23 @@ from tqdm.auto import tqdm
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
-from flowrl.checkpoint import LATEST, read_checkpoint, resumable_checkpoint, write_checkpoint
-from flowrl.config import ConfigError, TrainConfig
+from flowrl.checkpoint import (
+    checkpoint_config,
+    clean_temporaries,
+    read_checkpoint,
+    resumable_checkpoint,
+    write_checkpoint,
+)
+from flowrl.config import ConfigError, TrainConfig, check_resume_changes
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
+from flowrl.run_folder import check_output_dir, non_finite_tensors
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
-from rewards import AsyncScorer, MultiReward
+from rewards import AsyncScorer, MultiReward, SkippedBatch
 from samplers import select_rows
 
 #: steps between redraws of curves.png (and at every evaluation and at the end)
@@ -88,12 +96,31 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The process's torch, NumPy and Python RNG states in types ``torch.load(weights_only=True)`` reads
+    (NumPy's key array as a tensor)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "position": int(position),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["position"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     random.setstate(state["python"])
 
 
@@ -165,8 +192,14 @@ class Trainer:
             cpu=not torch.cuda.is_available(), log_with=tracker, project_dir=config.logging.output_dir
         )
         acc = self.accelerator
-        # Everything that can be checked without a model is checked before one loads.
+        # Everything that can be checked without a model is checked before one loads; every process
+        # checks the folder before any writes to it.
         self.algorithm, self.local_images, self.micro_batches = check_batches(config, acc.num_processes)
+        self.output_dir = Path(config.logging.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        check_output_dir(self.output_dir, config.resume)
+        self.resume_from = self.checkpoint_to_resume()
+        acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
         self.prompts = load_prompts(config.data.prompts)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
@@ -175,8 +208,6 @@ class Trainer:
                 f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
                 f"{len(self.prompts)} prompts of data.prompts={config.data.prompts!r}"
             )
-        self.output_dir = Path(config.logging.output_dir)
-        self.checkpoint_dir = self.output_dir / "checkpoints"
         self.reward = MultiReward(config.rewards)
 
         torch.manual_seed(config.training.seed)
@@ -205,6 +236,8 @@ class Trainer:
         )
         self.policy.prepare(acc.prepare)
         self.step = 0
+        #: steps in a row whose update was skipped (non-finite loss or gradients, or a skipped reward batch)
+        self.skips_in_a_row = 0
 
     # --- set-up and persistence ----------------------------------------------------------------------
 
@@ -216,14 +249,25 @@ class Trainer:
         }
         (self.output_dir / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
 
-    def resume(self) -> None:
-        """Load the checkpoint named by ``config.resume`` (``latest`` or a path), if any."""
+    def checkpoint_to_resume(self) -> Path | None:
+        """The checkpoint ``config.resume`` names (``latest``: the newest usable one; None for a fresh
+        start), after checking that the config changed only what a resumed run may change."""
         if not self.config.resume:
-            return
+            return None
         path = resumable_checkpoint(self.config.resume, self.checkpoint_dir)
         if path is None:
-            if self.config.resume != LATEST:
-                raise FileNotFoundError(f"resume={self.config.resume!r}: no such checkpoint")
+            if self.accelerator.is_main_process:
+                print(f"resume=latest: no checkpoint in {self.checkpoint_dir} yet; starting at step 0")
+            return None
+        saved = checkpoint_config(path)
+        if saved is not None:
+            check_resume_changes(saved, self.config, str(path))
+        return path
+
+    def resume(self) -> None:
+        """Load the checkpoint chosen at start-up, if any."""
+        path = self.resume_from
+        if path is None:
             return
         self.step, payload = read_checkpoint(path)
         self.policy.load_state_dict(payload["policy"])
@@ -240,8 +284,10 @@ class Trainer:
             print(f"resumed from {path} at step {self.step}")
 
     def save_checkpoint(self) -> None:
+        """Write a checkpoint of the run (main process); never one of a non-finite model."""
         states = gather_object([rng_state()])
         if self.accelerator.is_main_process:
+            self.check_finite("checkpoint")
             write_checkpoint(
                 self.checkpoint_dir,
                 self.step,
@@ -252,8 +298,18 @@ class Trainer:
                     "rng": states,
                 },
                 keep=self.config.logging.keep_checkpoints,
+                config=json.loads(json.dumps(self.config.to_dict())),
             )
         self.accelerator.wait_for_everyone()
+
+    def check_finite(self, what: str) -> None:
+        """Refuse to save a model with NaN or infinite weights."""
+        bad = non_finite_tensors(self.policy.state_dict())
+        if bad:
+            raise FloatingPointError(
+                f"not saving the {what} at step {self.step}: non-finite values in {bad[:5]}"
+                + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            )
 
     # --- evaluation ----------------------------------------------------------------------------------
 
@@ -267,8 +323,14 @@ class Trainer:
             self.config.evaluation.num_steps,
             guidance_scale,
             world=self.world,
+            progress=f"eval {name}" if self.config.logging.progress else None,
         )
         write_evaluation(self.output_dir / "eval", name, scores, media, items, rewards, world=self.world)
+        overall = self.world.score_key("overall")
+        tqdm.write(
+            f"eval {name}: {overall} {scores[overall]:.3f}, colour drift {scores['drift/colour_tv']:.3f} "
+            f"({len(items)} samples)"
+        )
         return scores
 
     # --- one step ------------------------------------------------------------------------------------
@@ -307,9 +369,15 @@ class Trainer:
                 futures.append(scorer.submit(media[-1], [r["prompt"] for r in items], items))
         rollout_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        parts = [future.result() for future in futures]
+        parts, skipped = [], False
+        for future in futures:
+            try:
+                parts.append(future.result())
+            except SkippedBatch as error:
+                tqdm.write(f"step {self.step}: skipping the update: {error}")
+                skipped = True
         reward_wait = time.perf_counter() - start
-        scores = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        scores = None if skipped else concat_scores(parts)
         return chunks, media, cond, scores, rollout_seconds, reward_wait
 
     def train_step(self, scorer: AsyncScorer) -> dict[str, Any]:
@@ -327,6 +395,8 @@ class Trainer:
         chunks, media, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
             local.records, local.seeds, scorer
         )
+        if self.any_process(scores is None):  # a reward with on_error: skip_batch failed somewhere
+            return self.skipped_step("reward", time.perf_counter() - step_start)
 
         # Gather every process's scores; the algorithm's advantages, once, over the global batch; this
         # process's slice.
@@ -358,8 +428,9 @@ class Trainer:
         # Every (pass, micro-batch) unit is one backward, weighted by its share of its update's rows;
         # gradients synchronise on the last backward of each of the `updates_per_step` updates.
         losses, statistics, grad_norms = [], {}, []
-        optimizer_seconds = 0.0
+        optimizer_seconds, skipped_updates = 0.0, 0
         for units in self.update_units(rows.count):
+            update_losses = []
             update_rows = sum(part.stop - part.start for _, part in units)
             for index, (pass_index, part) in enumerate(units):
                 batch = TrainBatch(
@@ -373,20 +444,27 @@ class Trainer:
                 with contextlib.nullcontext() if sync else acc.no_sync(policy.model):
                     loss, stats = self.algorithm.loss(policy, batch, pass_index, self.step)
                     acc.backward(loss * ((part.stop - part.start) / update_rows))
-                losses.append(loss.detach())
+                update_losses.append(loss.detach())
                 for key, value in stats.items():
                     statistics.setdefault(key, []).append(value.float().mean())
+            losses.extend(update_losses)
             optimizer_start = time.perf_counter()
-            grad_norms.append(
-                float(acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip))
-            )
-            self.optimizer.step()
-            self.scheduler.step()
+            grad_norm = float(acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip))
+            # A non-finite loss or gradient anywhere skips this update on every process.
+            finite = math.isfinite(grad_norm) and bool(torch.isfinite(torch.stack(update_losses)).all())
+            if self.any_process(not finite):  # skipped: no optimizer or learning-rate step
+                skipped_updates += 1
+            else:
+                grad_norms.append(grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             optimizer_seconds += time.perf_counter() - optimizer_start
         optimizer_start = time.perf_counter()
         step_end = self.algorithm.after_optimizer_step(self.step)
-        policy.move_copies(step_end.copy_decays)
+        if grad_norms:  # the copies (old, EMA) follow only a model that moved
+            policy.move_copies(step_end.copy_decays)
+        self.count_skip(not grad_norms, "non-finite loss or gradients")
         train_seconds = time.perf_counter() - train_start
         optimizer_seconds += time.perf_counter() - optimizer_start
 
@@ -398,7 +476,8 @@ class Trainer:
             "reward/zero_std_groups": float(rewards.zero_std_groups().float().mean()),
             **task_rewards(total, samples.records),
             "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
-            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "skipped/updates": skipped_updates,
             "lr": self.scheduler.get_last_lr()[0],
             **{
                 key: float(acc.reduce(torch.stack(values).mean(), "mean"))
@@ -430,12 +509,42 @@ class Trainer:
             log_grid_to_trackers(acc, "samples", grid_path, self.step)
         return row
 
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any process (a collective: every process must call it)."""
+        return bool(
+            self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum") > 0
+        )
+
+    def count_skip(self, skipped: bool, reason: str) -> None:
+        """Count a step whose update was skipped; stop the run after ``max_consecutive_skips`` in a row."""
+        self.skips_in_a_row = self.skips_in_a_row + 1 if skipped else 0
+        limit = self.config.training.max_consecutive_skips
+        if self.skips_in_a_row >= limit:
+            raise FloatingPointError(
+                f"step {self.step}: {self.skips_in_a_row} steps in a row skipped their update ({reason}); "
+                f"stopping (training.max_consecutive_skips={limit}). The last checkpoint holds the last "
+                "finite model"
+            )
+
+    def skipped_step(self, reason: str, seconds: float) -> dict[str, Any]:
+        """The metrics row of a step whose rewards were skipped (no update, the copies stay)."""
+        self.count_skip(True, f"{reason} batch skipped")
+        return {
+            "step": self.step,
+            "skipped/reward_batch": 1,
+            "time/step": seconds,
+            "memory/peak_gb": peak_memory_gb(self.accelerator.device),
+            "num_processes": self.accelerator.num_processes,
+        }
+
     # --- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
         config, acc = self.config, self.accelerator
         if acc.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in clean_temporaries(self.checkpoint_dir):
+                print(f"removed {leftover}, left by a checkpoint write that did not finish")
             self.write_config()
         acc.wait_for_everyone()
         self.resume()
@@ -487,7 +596,10 @@ class Trainer:
                             self.world.score_prefix,
                         )
                 acc.log(row, step=self.step)
-                progress.set_postfix(reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}")
+                if "reward/mean" in row:
+                    progress.set_postfix(
+                        reward=f"{row['reward/mean']:.3f}", s_per_step=f"{row['time/step']:.1f}"
+                    )
                 progress.update(1)
                 if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
                     self.save_checkpoint()
@@ -501,6 +613,7 @@ class Trainer:
         acc = self.accelerator
         summary: dict[str, Any] = {}
         if acc.is_main_process:
+            self.check_finite("tuned model")
             self.policy.save_pretrained(self.output_dir / "model")
             tuned = {
                 f"{scale:g}": self.evaluate(TUNED, scale, f"tuned_cfg{scale:g}")
@@ -528,6 +641,16 @@ class Trainer:
         acc.wait_for_everyone()
         acc.end_training()
         return summary
+
+
+def concat_scores(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Micro-batch scores joined per label; a label a micro-batch lacks (its reward failed and was
+    zeroed before it ever answered) counts 0 there."""
+    labels = list(dict.fromkeys(label for part in parts for label in part))
+    return {
+        label: torch.cat([part.get(label, torch.zeros(len(next(iter(part.values()))))) for part in parts])
+        for label in labels
+    }
 
 
 def evaluation_world(config: TrainConfig, policy: Policy) -> World:

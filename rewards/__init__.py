@@ -8,7 +8,7 @@ This package never imports ``flowrl``.
 from rewards.async_scoring import AsyncScorer
 from rewards.base import RewardError, checked_scores, score
 from rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
-from rewards.multi import MultiReward
+from rewards.multi import MultiReward, SkippedBatch
 from rewards.registry import (
     available_rewards,
     build_reward,
@@ -41,6 +41,7 @@ __all__ = [
     "MultiReward",
     "RewardError",
     "ShapesVerifier",
+    "SkippedBatch",
     "VideoShapesVerifier",
     "available_rewards",
     "build_reward",

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import open_clip
 import torch
 import torch.nn.functional as F
 
-open_clip.add_model_config(Path(__file__).parent / "model_configs")
-
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def open_clip_module():  # noqa: ANN201 (the open_clip module)
+    """``open_clip``, imported on first use (it takes seconds) with flowrl's model configs added."""
+    import open_clip
+
+    open_clip.add_model_config(Path(__file__).parent / "model_configs")
+    return open_clip
 
 
 def load_open_clip(
@@ -28,7 +33,7 @@ def load_open_clip(
     The checkpoint is an open_clip state dict, optionally under ``"state_dict"``
     (HPS checkpoints), with or without a ``module.`` prefix.
     """
-    model = open_clip.create_model(model_name, pretrained=None, device="cpu")
+    model = open_clip_module().create_model(model_name, pretrained=None, device="cpu")
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
     state = {key.removeprefix("module."): value for key, value in state.items()}

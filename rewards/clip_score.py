@@ -6,11 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import open_clip
 import torch
 
 from rewards import weights
-from rewards.clip_models import clip_similarity, load_open_clip
+from rewards.clip_models import clip_similarity, load_open_clip, open_clip_module
 
 DEFAULT_MODEL = "ViT-H-14"
 DEFAULT_REPO = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -38,7 +37,7 @@ class CLIPScore:
         path = weights.weights_file(checkpoint, DEFAULT_REPO, DEFAULT_FILE, "clip_score")
         self.device, self.dtype = device, dtype
         self.model = load_open_clip(model_name, path, device, dtype)
-        self.tokenizer = open_clip.get_tokenizer(model_name)
+        self.tokenizer = open_clip_module().get_tokenizer(model_name)
 
     @classmethod
     def weights_status(cls) -> str:

@@ -13,11 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import open_clip
 import torch
 
 from rewards import weights
-from rewards.clip_models import clip_similarity, load_open_clip
+from rewards.clip_models import clip_similarity, load_open_clip, open_clip_module
 
 REPO = "xswu/HPSv2"
 FILES = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
@@ -45,7 +44,7 @@ class HPSv2:
         path = weights.weights_file(checkpoint, REPO, FILES[version], "hpsv2")
         self.device, self.dtype = device, dtype
         self.model = load_open_clip(model_name, path, device, dtype)
-        self.tokenizer = open_clip.get_tokenizer(model_name)
+        self.tokenizer = open_clip_module().get_tokenizer(model_name)
 
     @classmethod
     def weights_status(cls) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoTokenizer, CLIPModel
 
 from rewards import weights
 from rewards.clip_models import clip_preprocess
@@ -42,6 +41,8 @@ class PickScore:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        from transformers import AutoTokenizer, CLIPModel  # imported here: it takes seconds
+
         model_dir = weights.weights_directory(model_path, MODEL_REPO, "pickscore")
         tokenizer_dir = weights.weights_directory(tokenizer_path, PROCESSOR_REPO, "pickscore")
         self.device, self.dtype = device, dtype

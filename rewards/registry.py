@@ -13,7 +13,8 @@ instantiated with the settings, a function is returned as is.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -88,13 +89,35 @@ def _import(path: str, name: str) -> Callable[..., Any]:
         raise ValueError(f"cannot import reward {name!r} from {path!r}: {error}") from error
 
 
+def check_settings(name: str, settings: Mapping[str, Any]) -> None:
+    """Check that the reward ``name`` takes ``settings`` (its class's ``__init__`` signature), without
+    building it: a ``ValueError`` naming the settings and what the reward takes."""
+    factory = resolve_reward(name)
+    if not isinstance(factory, type):
+        if settings:
+            raise ValueError(f"reward {name!r} is a function and takes no settings, got {sorted(settings)}")
+        return
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a C-implemented class without a signature: nothing to check
+        return
+    try:
+        signature.bind(**settings)
+    except TypeError as error:
+        taken = [
+            p for p, parameter in signature.parameters.items() if parameter.kind is not parameter.VAR_KEYWORD
+        ]
+        raise ValueError(
+            f"reward {name!r} does not take settings {sorted(settings)} ({error}); it takes {taken or 'none'}"
+        ) from None
+
+
 def build_reward(name: str, **settings: Any) -> Callable[..., Any]:
-    """The reward callable for ``name``; a class is instantiated with ``settings``."""
+    """The reward callable for ``name``; a class is instantiated with ``settings`` (checked first)."""
+    check_settings(name, settings)
     factory = resolve_reward(name)
     if isinstance(factory, type):
         return factory(**settings)
-    if settings:
-        raise ValueError(f"reward {name!r} is a function and takes no settings, got {sorted(settings)}")
     return factory
 
 

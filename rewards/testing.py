@@ -10,13 +10,13 @@ import gzip
 import json
 from pathlib import Path
 
-import open_clip
 import torch
 from open_clip.tokenizer import bytes_to_unicode, default_bpe
 from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
 
 import rewards.clip_models  # noqa: F401  (registers the flowrl-tiny-clip architecture)
 from rewards.aesthetic import AestheticHead
+from rewards.clip_models import open_clip_module
 
 TINY_CLIP = "flowrl-tiny-clip"
 
@@ -24,7 +24,7 @@ TINY_CLIP = "flowrl-tiny-clip"
 def tiny_open_clip_checkpoint(path: Path, wrap_state_dict: bool = False) -> Path:
     """A random ``flowrl-tiny-clip`` state dict saved as an open_clip (or HPS-style) checkpoint."""
     torch.manual_seed(0)
-    state = open_clip.create_model(TINY_CLIP, pretrained=None).state_dict()
+    state = open_clip_module().create_model(TINY_CLIP, pretrained=None).state_dict()
     torch.save({"state_dict": state} if wrap_state_dict else state, path)
     return path
 

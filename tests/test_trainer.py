@@ -209,7 +209,12 @@ def test_balanced_sampling_gives_every_task_the_same_share():
 def test_config_errors_stop_before_any_model_loads(tmp_path):
     config = load_config(
         "configs/shapes_nft.yaml",
-        ["training.prompts_per_step=3", "training.group_size=3", "model.name=/nonexistent"],
+        [
+            "training.prompts_per_step=3",
+            "training.group_size=3",
+            "model.name=/nonexistent",
+            f"logging.output_dir={tmp_path / 'run'}",
+        ],
     )
     with pytest.raises(Exception, match="does not divide"):
         Trainer(config, accelerator=_FakeAccelerator(num_processes=2))

@@ -1,0 +1,384 @@
+"""Issue 22's failures, each reproduced the way it was found: nothing in a checkpoint runs code, no run
+history is lost or mixed, bad configs are one clear error, faults in rewards and numbers don't kill a run."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.checkpoint import (
+    CheckpointError,
+    clean_temporaries,
+    list_checkpoints,
+    read_checkpoint,
+    resumable_checkpoint,
+    write_checkpoint,
+)
+from flowrl.cli import main
+from flowrl.config import ConfigError, load_config
+from flowrl.run_log import read_metrics
+from flowrl.trainer import Trainer
+from rewards import MultiReward, RewardError, ShapesVerifier, SkippedBatch
+
+TINY_RUN = [
+    "training.prompts_per_step=2",
+    "training.group_size=4",
+    "training.micro_batch_size=4",
+    "training.updates_per_step=1",
+    "training.learning_rate=0.001",
+    "sampler.num_steps=2",
+    "algorithm.train_timesteps=1",
+    "evaluation.images_per_task=1",
+    "evaluation.num_steps=1",
+    "evaluation.base_guidance_scales=[1.0]",
+    "logging.sample_every=0",
+    "logging.checkpoint_every=1",
+    "logging.progress=false",
+]
+
+
+def tiny_config(model_dir, output_dir, *overrides):
+    return load_config(
+        "configs/shapes_nft.yaml",
+        [*TINY_RUN, f"model.name={model_dir}", f"logging.output_dir={output_dir}", *overrides],
+    )
+
+
+def train(model_dir, output_dir, *overrides):
+    return Trainer(tiny_config(model_dir, output_dir, *overrides)).train()
+
+
+# --- nothing in a checkpoint runs code -------------------------------------------------------------
+
+
+class _Exploit:
+    """Unpickling this runs a shell command (what a malicious ``policy.pt`` would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _forge(checkpoint: Path, files: dict[str, bytes], manifest_files=None):
+    """A checkpoint folder whose manifest vouches for ``files`` (sizes and hashes right)."""
+    import hashlib
+
+    checkpoint.mkdir(parents=True)
+    for name, data in files.items():
+        (checkpoint / name).write_bytes(data)
+    listed = manifest_files or {
+        name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+    }
+    (checkpoint / "manifest.json").write_text(json.dumps({"step": 3, "files": listed}))
+
+
+def test_a_pickled_exploit_in_a_checkpoint_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    checkpoint = tmp_path / "checkpoints" / "step_000003"
+    _forge(checkpoint, {"policy.pt": pickle.dumps(_Exploit(marker))})
+    with pytest.raises(CheckpointError, match="does not load it"):
+        read_checkpoint(checkpoint)
+    assert not marker.exists()
+
+
+def test_manifest_file_names_are_confined_to_their_folder(tmp_path):
+    outside = tmp_path / "x" / "policy.pt"
+    outside.parent.mkdir()
+    torch.save({"w": torch.ones(2)}, outside)
+    import hashlib
+
+    data = outside.read_bytes()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000003"
+    listed = {"../../../x/policy.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+    _forge(checkpoint, {}, manifest_files=listed)
+    with pytest.raises(CheckpointError, match="only plain names"):
+        read_checkpoint(checkpoint)
+
+
+def test_checkpoints_hold_only_plain_types_and_round_trip(tmp_path):
+    write_checkpoint(tmp_path, 1, {"state": {"w": torch.arange(3.0), "note": "x", "pair": (1, 2.5)}})
+    step, payload = read_checkpoint(tmp_path / "step_000001")
+    assert step == 1 and payload["state"]["note"] == "x" and payload["state"]["pair"] == (1, 2.5)
+
+
+# --- nothing lost or mixed -------------------------------------------------------------------------
+
+
+def test_an_empty_manifest_falls_back_to_the_previous_checkpoint(tmp_path):
+    for step in (1, 2):
+        write_checkpoint(tmp_path, step, {"x": torch.tensor(step)}, keep=2)
+    (tmp_path / "step_000002" / "manifest.json").write_text("{}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resumable_checkpoint("latest", tmp_path) == tmp_path / "step_000001"
+    assert any("lacks its 'step' or 'files'" in str(w.message) for w in caught)
+
+
+def test_pruning_keeps_the_checkpoint_just_written_even_below_older_steps(tmp_path):
+    for step in (20, 30):
+        write_checkpoint(tmp_path, step, {"x": torch.tensor(step)}, keep=2)
+    write_checkpoint(tmp_path, 10, {"x": torch.tensor(10)}, keep=2)
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["step_000010", "step_000030"]
+    assert (tmp_path / "latest").read_text().strip() == "step_000010"
+
+
+def test_a_failed_write_leaves_no_temporary_folder_and_leftovers_are_cleaned(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path, 1, {"x": torch.tensor(1)})
+    real_save = torch.save
+
+    def disk_full(value, handle):
+        real_save(value, handle)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_checkpoint(tmp_path, 2, {"x": torch.tensor(2)})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["latest", "step_000001"]
+    (tmp_path / ".tmp-step_000003-999").mkdir()  # what a kill -9 mid-write leaves
+    assert [path.name for path in clean_temporaries(tmp_path)] == [".tmp-step_000003-999"]
+    assert resumable_checkpoint("latest", tmp_path) == tmp_path / "step_000001"
+
+
+def test_resume_latest_with_every_checkpoint_unusable_is_an_error_and_keeps_the_metrics(
+    tmp_path, tiny_model_dir
+):
+    output = tmp_path / "run"
+    train(tiny_model_dir, output, "training.steps=2")
+    for checkpoint in list_checkpoints(output / "checkpoints"):
+        (checkpoint / "policy.pt").write_bytes(b"garbage")
+    rows_before = (output / "metrics.jsonl").read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(CheckpointError, match="none of the 2 checkpoints"):
+            train(tiny_model_dir, output, "training.steps=3", "resume=latest")
+    assert (output / "metrics.jsonl").read_text() == rows_before
+
+
+def test_a_new_run_into_a_run_folder_is_refused_and_resume_refuses_changed_settings(tmp_path, tiny_model_dir):
+    output = tmp_path / "run"
+    train(tiny_model_dir, output, "training.steps=1")
+    with pytest.raises(ConfigError, match="already holds a run .*resume=latest"):
+        Trainer(tiny_config(tiny_model_dir, output, "training.steps=2"))
+    with pytest.raises(ConfigError, match=r"training.learning_rate: 0.001 -> 0.01"):
+        Trainer(
+            tiny_config(
+                tiny_model_dir, output, "training.steps=2", "training.learning_rate=0.01", "resume=latest"
+            )
+        )
+    summary = train(tiny_model_dir, output, "training.steps=2", "logging.sample_every=1", "resume=latest")
+    assert summary["steps"] == 2
+    assert [row["step"] for row in read_metrics(output / "metrics.jsonl")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algorithm.beta=.nan", "algorithm.beta=nan is not allowed; expected a finite number"),
+        ("training.learning_rate=.nan", "expected a finite number"),
+        ("training.grad_clip=.inf", "training.grad_clip=inf is not allowed; expected a finite number"),
+        ("training.learning_rate=nan", "expected a finite number"),
+    ],
+)
+def test_non_finite_numbers_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/shapes_nft.yaml", [override])
+
+
+def _nan_loss_on(trainer, steps):
+    loss = trainer.algorithm.loss
+
+    def maybe_nan(policy, batch, pass_index, step):
+        value, stats = loss(policy, batch, pass_index, step)
+        return (value * float("nan") if step in steps else value), stats
+
+    trainer.algorithm.loss = maybe_nan
+
+
+def test_a_non_finite_loss_skips_its_update_and_too_many_in_a_row_stop_the_run(tmp_path, tiny_model_dir):
+    trainer = Trainer(tiny_config(tiny_model_dir, tmp_path / "one", "training.steps=3"))
+    _nan_loss_on(trainer, {2})
+    trainer.train()
+    rows = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
+    assert [row["skipped/updates"] for row in rows] == [0, 1, 0]
+    _, payload = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_000003")
+    assert all(torch.isfinite(value).all() for value in payload["policy"]["model"].values())
+
+    trainer = Trainer(
+        tiny_config(tiny_model_dir, tmp_path / "all", "training.steps=5", "training.max_consecutive_skips=2")
+    )
+    _nan_loss_on(trainer, {1, 2, 3, 4, 5})
+    with pytest.raises(FloatingPointError, match="2 steps in a row skipped their update"):
+        trainer.train()
+    _, payload = read_checkpoint(tmp_path / "all" / "checkpoints" / "step_000001")
+    assert all(torch.isfinite(value).all() for value in payload["policy"]["model"].values())
+    with torch.no_grad():
+        next(iter(trainer.policy.trainable_parameters())).fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="not saving the checkpoint at step 2: non-finite values"):
+        trainer.save_checkpoint()
+    assert [path.name for path in list_checkpoints(tmp_path / "all" / "checkpoints")] == ["step_000001"]
+
+
+# --- faults in rewards -----------------------------------------------------------------------------
+
+CALLS = {"count": 0}
+
+
+def failing_every_other_call(media, prompts, metadata):
+    """A plugin reward that raises on every second call and scores 1 otherwise."""
+    CALLS["count"] += 1
+    if CALLS["count"] % 2 == 0:
+        raise RuntimeError("flaky reward")
+    return torch.ones(media.shape[0])
+
+
+def slow_reward(media, prompts, metadata):
+    time.sleep(5)
+    return torch.ones(media.shape[0])
+
+
+def _media(batch=2):
+    return torch.rand(batch, 3, 8, 8)
+
+
+def test_on_error_decides_what_a_failing_reward_does():
+    CALLS["count"] = 1  # the next call fails
+    spec = {"reward": f"{__name__}:failing_every_other_call"}
+    with pytest.raises(RewardError, match="flaky reward"):
+        MultiReward({"r": spec})(_media(), ["a", "b"], [{}, {}])
+    CALLS["count"] = 1
+    with pytest.raises(SkippedBatch, match="skip_batch"):
+        MultiReward({"r": {**spec, "on_error": "skip_batch"}})(_media(), ["a", "b"], [{}, {}])
+    CALLS["count"] = 0
+    reward = MultiReward({"r": {**spec, "on_error": "zero"}})
+    assert reward(_media(), ["a", "b"], [{}, {}])["r"].tolist() == [1.0, 1.0]
+    assert reward(_media(), ["a", "b"], [{}, {}])["r"].tolist() == [0.0, 0.0]
+    assert reward.failures == {"r": 1}
+
+
+def test_an_in_process_reward_that_overruns_its_timeout_is_a_failure():
+    reward = MultiReward(
+        {"slow": {"reward": f"{__name__}:slow_reward", "timeout": 0.2, "on_error": "zero"}}
+    )
+    assert reward(_media(), ["a", "b"], [{}, {}])["slow"].tolist() == [0.0, 0.0]
+    with pytest.raises(ConfigError, match="timeout -1"):
+        load_config("configs/shapes_nft.yaml", ["rewards={slow: {reward: shapes_verifier, timeout: -1}}"])
+
+
+def test_a_run_survives_a_reward_that_fails_with_skip_batch(tmp_path, tiny_model_dir):
+    CALLS["count"] = 0
+    rewards = f"rewards={{r: {{reward: '{__name__}:failing_every_other_call', on_error: skip_batch}}}}"
+    train(tiny_model_dir, tmp_path / "run", "training.steps=3", "training.micro_batch_size=8", rewards)
+    rows = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if row["step"] > 0]
+    assert [row.get("skipped/reward_batch", 0) for row in rows] == [0, 1, 0]
+
+
+# --- one clear line for bad input ------------------------------------------------------------------
+
+
+def _one_line_error(capsys, argv, expected):
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert "Traceback" not in error and len(error.splitlines()) == 1, error
+    assert expected in error, error
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("training: {steps: 3\n", "is not valid YAML (line 2"),
+        ("training:\n  steps: 3\n  steps: 4\n", "duplicate key 'steps'"),
+        (
+            "rewards:\n  shapes_verifier: {settings: {strictness: 2}}\n",
+            "does not take settings ['strictness']",
+        ),
+    ],
+)
+def test_bad_config_files_are_one_line(tmp_path, capsys, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    _one_line_error(capsys, ["train", str(path)], expected)
+
+
+def test_bad_files_and_overrides_are_one_line(tmp_path, capsys):
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    _one_line_error(capsys, ["train", str(tmp_path / "latin1.yaml")], "is not UTF-8 text")
+    _one_line_error(capsys, ["train", str(tmp_path)], "is a directory")
+    _one_line_error(capsys, ["train", "configs/shapes_nft.yaml", "training.steps=[1,"], "is not valid YAML")
+    _one_line_error(
+        capsys, ["train", "configs/shapes_nft.yaml", "training.steps.x=1"], "training.steps is a value"
+    )
+    _one_line_error(
+        capsys,
+        ["train", "configs/shapes_nft.yaml", f"logging.output_dir={tmp_path / 'r'}", "resume=/nonexistent"],
+        "no such checkpoint directory",
+    )
+    (tmp_path / "file").write_text("")
+    _one_line_error(
+        capsys, ["train", "configs/shapes_nft.yaml", f"logging.output_dir={tmp_path / 'file'}"], "is a file"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_output_folder_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    _one_line_error(
+        capsys, ["train", "configs/shapes_nft.yaml", f"logging.output_dir={folder}"], "cannot be written"
+    )
+
+
+def test_the_installed_command_imports_a_dotted_path_reward_from_the_working_directory(tmp_path):
+    (tmp_path / "myreward.py").write_text(
+        "import torch\ndef score(media, prompts, metadata):\n    return torch.ones(media.shape[0])\n"
+    )
+    (tmp_path / "config.yaml").write_text(
+        f"defaults: [{Path('configs/shapes_nft.yaml').resolve()}]\nrewards: {{mine: {{reward: 'myreward:score'}}}}\n"
+        "model: {name: /nonexistent-model}\n"
+    )
+    flowrl = Path(sys.executable).parent / "flowrl"
+    result = subprocess.run(
+        [str(flowrl), "train", "config.yaml", "logging.output_dir=run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "myreward" not in result.stderr, result.stderr  # the reward imported; the model is what is missing
+    assert "/nonexistent-model" in result.stderr, result.stderr
+
+
+def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, tiny_model_dir):
+    output = tmp_path / "run"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flowrl.cli",
+            "train",
+            "configs/shapes_nft.yaml",
+            *TINY_RUN,
+            "training.steps=100000",
+            f"model.name={tiny_model_dir}",
+            f"logging.output_dir={output}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
+        time.sleep(0.2)
+    process.send_signal(2)  # SIGINT, as Ctrl-C sends
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted at step" in stderr and "resume=latest" in stderr and "Traceback" not in stderr
