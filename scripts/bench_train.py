@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -64,8 +65,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
+    run_dir = Path("outputs/bench_train_run")
+    shutil.rmtree(run_dir, ignore_errors=True)  # scratch: the timed steps' run folder
     config = load_config(
-        args.config, [*args.overrides, "logging.output_dir=outputs/bench_train_run", "logging.sample_every=0"]
+        args.config, [*args.overrides, f"logging.output_dir={run_dir}", "logging.sample_every=0"]
     )
     trainer = Trainer(config)
     timer = NetworkTimer(trainer)

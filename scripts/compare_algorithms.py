@@ -58,6 +58,7 @@ def train(recipe: str, seed: int, out: Path, extra: list[str]) -> None:
         RECIPES[recipe],
         f"training.seed={seed}",
         f"logging.output_dir={directory}",
+        "resume=latest",  # an unfinished run of an interrupted comparison is started again in its folder
         "logging.progress=false",
         "logging.checkpoint_every=0",
         "evaluation.every=0",
