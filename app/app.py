@@ -6,10 +6,18 @@ event handler that turns their errors into messages; :func:`build_app` lays
 out the ``gr.Blocks``; :func:`launch` serves it, on the loopback interface
 unless told otherwise. Generation runs in Gradio's queue (one at a time, off
 the UI thread) with a progress bar.
+
+Anyone who reaches the server can call its API with any values, so the
+handlers take their inputs raw (no Gradio preprocessing) and check each one
+themselves: models only from the :class:`~app.runs.Catalog` (the runs under
+the runs root and the models named on the command line), and a run's reward
+only from registered rewards unless the app was started with
+``--trust-run-code``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import tempfile
@@ -22,11 +30,10 @@ import torch
 from PIL import Image
 
 from app.prompts import held_out_prompts, parse_prompt
-from app.runs import load_model, reward_spec, run_config, run_dir_of, source_choices
+from app.runs import Catalog, load_model, reward_spec, run_config
 from app.scores import CARDS_CSS, ImageScores, build_reward, score_images, scores_cards
 from flowrl.checkpoint import CheckpointError
 from flowrl.generate import generate
-from flowrl.models import SHIPPED_MODELS
 from flowrl.run_log import plot_curves, read_metrics
 from flowrl.shapes.grammar import TASKS, PromptRecord
 from rewards import MissingWeightsError, RewardError
@@ -74,12 +81,16 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_settings(num_images: int, num_steps: int, sampler: str, scales: tuple[float, float]) -> None:
+def _check_settings(
+    seed: int, num_images: int, num_steps: int, sampler: str, scales: tuple[float, float]
+) -> None:
+    if seed < 0:
+        raise ValueError(f"The seed must be at least 0, got {seed}.")
     if not 1 <= num_images <= MAX_IMAGES:
         raise ValueError(f"The number of images must be between 1 and {MAX_IMAGES}, got {num_images}.")
     if not 1 <= num_steps <= MAX_STEPS:
         raise ValueError(f"The number of steps must be between 1 and {MAX_STEPS}, got {num_steps}.")
-    if sampler not in ODE_SOLVERS:
+    if not isinstance(sampler, str) or sampler not in ODE_SOLVERS:
         raise ValueError(f"Unknown sampler {sampler!r}; choose one of {', '.join(ODE_SOLVERS)}.")
     if min(scales) < 0:
         raise ValueError(f"CFG scales must be at least 0 (1 = no guidance), got {scales}.")
@@ -96,24 +107,31 @@ def compare(
     base: str,
     tuned: str,
     progress: Progress = _no_progress,
+    *,
+    catalog: Catalog,
+    trust_run_code: bool = False,
 ) -> Comparison:
     """Generate ``num_images`` images (seeds ``seed, seed + 1, ...``) of ``prompt`` with both models and score them.
 
-    Both sides are scored with the reward the tuned model's run trained with.
-    Bad input raises ``ValueError`` (or ``FileNotFoundError`` for a missing
-    model) with a message meant for the person using the app.
+    ``base`` and ``tuned`` must be offered by ``catalog``. Both sides are
+    scored with the reward the tuned model's run trained with, which may name
+    code to import (a dotted path) only when ``trust_run_code``. Bad input
+    raises ``ValueError`` (or ``FileNotFoundError`` for a missing model) with
+    a message meant for the person using the app.
     """
     num_images, num_steps, seed = int(num_images), int(num_steps), int(seed)
-    _check_settings(num_images, num_steps, sampler, (base_cfg, tuned_cfg))
-    if not (base or "").strip():
+    base_cfg, tuned_cfg = float(base_cfg), float(tuned_cfg)
+    _check_settings(seed, num_images, num_steps, sampler, (base_cfg, tuned_cfg))
+    if not _filled(base):
         raise ValueError("Choose a base model.")
-    if not (tuned or "").strip():
+    if not _filled(tuned):
         raise ValueError("Choose a tuned run or checkpoint (train one first: bash scripts/main.sh).")
+    base, tuned = catalog.checked_base(base), catalog.checked_tuned(tuned)
+    reward = build_reward(reward_spec(catalog.run_dir(tuned)), trust_run_code)
     progress(0.0, "loading models")
     target = device()
     models = {"base": load_model(base, device=target), "tuned": load_model(tuned, base, target)}
     record = parse_prompt(prompt, tuple(models.values()))
-    reward = build_reward(reward_spec(tuned))
     seeds = list(range(seed, seed + num_images))
     sides = {}
     for index, (name, scale) in enumerate((("base", base_cfg), ("tuned", tuned_cfg))):
@@ -125,6 +143,11 @@ def compare(
         sides[name] = Side(float(scale), images, score_images(reward, images, record, seeds))
     progress(1.0, "done")
     return Comparison(record, seeds, num_steps, sampler, sides["base"], sides["tuned"])
+
+
+def _filled(value: object) -> bool:
+    """Whether a submitted value is a non-blank string."""
+    return isinstance(value, str) and bool(value.strip())
 
 
 #: Errors of bad input or missing files: their message is the whole story.
@@ -179,10 +202,14 @@ def on_generate(
     base: str,
     tuned: str,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a progress bar)
+    *,
+    catalog: Catalog,
+    trust_run_code: bool = False,
 ) -> tuple[list, str, list, str, str]:
     """The Generate button: ``(base gallery, base scores, tuned gallery, tuned scores, summary)``.
 
     Every error becomes a ``gr.Error``, which the app shows as a message.
+    ``catalog`` and ``trust_run_code`` are bound by :func:`build_app`.
     """
     try:
         result = compare(
@@ -196,6 +223,8 @@ def on_generate(
             base,
             tuned,
             lambda fraction, description: progress(fraction, desc=description),
+            catalog=catalog,
+            trust_run_code=trust_run_code,
         )
     except Exception as error:
         if not isinstance(error, EXPECTED_ERRORS):
@@ -210,17 +239,22 @@ def on_generate(
     )
 
 
-def run_overview(source: str) -> tuple[str | None, str]:
-    """``(curves PNG path or None, Markdown about the run)`` of the run a tuned source belongs to."""
-    if not (source or "").strip():
+def run_overview(source: str, *, catalog: Catalog) -> tuple[str | None, str]:
+    """``(curves PNG path or None, Markdown about the run)`` of the run an offered tuned source belongs to;
+    a source ``catalog`` does not offer gets the refusal as its text. ``catalog`` is bound by :func:`build_app`."""
+    if not _filled(source):
         return None, "No tuned run selected."
-    run_dir = run_dir_of(source)
+    try:
+        source = catalog.checked_tuned(source)
+    except ValueError as error:
+        return None, str(error)
+    run_dir = catalog.run_dir(source)
     if run_dir is None:
         return None, f"`{source}` belongs to no run directory, so there are no curves to show."
     rows = read_metrics(run_dir / "metrics.jsonl")
     config = run_config(run_dir)
     algorithm = config.get("algorithm", {}).get("name", "?")
-    text = f"Run `{run_dir}`: {algorithm}, reward {reward_spec(source)}"
+    text = f"Run `{run_dir}`: {algorithm}, reward {reward_spec(run_dir)}"
     if not rows:
         return None, text + "; no metrics yet."
     train = [row for row in rows if "reward/mean" in row]
@@ -260,13 +294,22 @@ def _side_outputs(side: str) -> tuple[gr.Gallery, gr.HTML]:
 
 
 def build_app(
-    tuned: str | None = None, base: str = "shapes-base", runs_root: str | Path = "runs"
+    tuned: str | None = None,
+    base: str = "shapes-base",
+    runs_root: str | Path = "runs",
+    trust_run_code: bool = False,
 ) -> gr.Blocks:
-    """The demo as ``gr.Blocks``; ``tuned`` defaults to the newest run under ``runs_root``."""
-    runs = source_choices(runs_root)
-    tuned = tuned or (runs[0] if runs else None)
-    tuned_choices = runs if tuned is None or tuned in runs else [tuned, *runs]
-    base_choices = list(dict.fromkeys([base, *SHIPPED_MODELS]))
+    """The demo as ``gr.Blocks``; ``tuned`` defaults to the newest run under ``runs_root``.
+
+    It offers, and loads, only the runs under ``runs_root`` and the ``base``
+    and ``tuned`` models given here (see :class:`~app.runs.Catalog`); a run's
+    reward may name code to import only when ``trust_run_code``.
+    """
+    catalog = Catalog(Path(runs_root), base, tuned)
+    tuned_choices = catalog.tuned_choices()
+    tuned = tuned or (tuned_choices[0] if tuned_choices else None)
+    generate_event = functools.partial(on_generate, catalog=catalog, trust_run_code=trust_run_code)
+    overview_event = functools.partial(run_overview, catalog=catalog)
     first_task = TASKS[0]
     with gr.Blocks(title="flowrl: base vs tuned", analytics_enabled=False) as demo:
         gr.Markdown(
@@ -277,14 +320,13 @@ def build_app(
         )
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                base_box = gr.Dropdown(base_choices, value=base, label="Base model", allow_custom_value=True)
+                base_box = gr.Dropdown(catalog.base_choices(), value=base, label="Base model")
                 tuned_box = gr.Dropdown(
                     tuned_choices,
                     value=tuned,
                     label="Tuned run or checkpoint",
-                    allow_custom_value=True,
                     info=f"runs found under {runs_root}/, newest first"
-                    if runs
+                    if tuned_choices
                     else f"no run under {runs_root}/",
                 )
                 task = gr.Dropdown(list(TASKS), value=first_task, label="Held-out prompts: task")
@@ -313,13 +355,19 @@ def build_app(
                 curves = gr.Image(label="Run curves (metrics.jsonl)", type="filepath", interactive=False)
         task.change(_prompts_of, task, held_out)
         held_out.change(_pick, [held_out, prompt], prompt)
+        # Raw inputs (preprocess=False): the handlers check every value themselves, with messages
+        # that do not repeat what was sent.
         button.click(
-            on_generate,
+            generate_event,
             [prompt, seed, num_images, num_steps, sampler, base_cfg, tuned_cfg, base_box, tuned_box],
             [base_gallery, base_scores, tuned_gallery, tuned_scores, status],
+            api_name="generate",
+            preprocess=False,
         )
-        tuned_box.change(run_overview, tuned_box, [curves, run_text])
-        demo.load(run_overview, tuned_box, [curves, run_text])
+        tuned_box.change(
+            overview_event, tuned_box, [curves, run_text], api_name="run_overview", preprocess=False
+        )
+        demo.load(overview_event, tuned_box, [curves, run_text], api_visibility="private", preprocess=False)
     return demo
 
 
@@ -331,9 +379,13 @@ def launch(
     port: int | None = None,
     share: bool = False,
     block: bool = True,
+    trust_run_code: bool = False,
 ) -> gr.Blocks:
-    """Build and serve the app (one generation at a time); ``block=False`` returns while it serves."""
-    demo = build_app(tuned, base, runs_root).queue(default_concurrency_limit=1)
+    """Build and serve the app (one generation at a time); ``block=False`` returns while it serves.
+
+    ``trust_run_code`` lets a run's ``config.yaml`` name rewards by dotted path (code the app imports).
+    """
+    demo = build_app(tuned, base, runs_root, trust_run_code).queue(default_concurrency_limit=1)
     demo.launch(
         server_name=host, server_port=port, share=share, prevent_thread_lock=not block, ssr_mode=False
     )

@@ -11,7 +11,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The demo's arguments (model choice, where runs live, where to serve)."""
+    """The demo's arguments (model choice, where runs live, where to serve, whether runs may name code)."""
     parser.add_argument(
         "tuned",
         nargs="?",
@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--port", type=int, default=None, help="port (default: 7860, or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    parser.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="let a run's config.yaml name rewards by dotted path (package.module:Name): the app imports "
+        "and runs that code, so only for runs you trust (default: registered rewards only)",
+    )
     return parser
 
 
@@ -40,7 +46,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m app") -> int:
     from app.app import launch
 
     try:
-        launch(args.tuned, args.base, args.runs, args.host, args.port, args.share)
+        launch(
+            args.tuned,
+            args.base,
+            args.runs,
+            args.host,
+            args.port,
+            args.share,
+            trust_run_code=args.trust_run_code,
+        )
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2

@@ -4,12 +4,17 @@ A *source* is what the app can load as a model: a shipped model name
 (``shapes-base``), a model directory (``config.json`` + weights, such as a
 run's ``model/``), a run directory (its ``model/``, or its newest checkpoint
 while it has none yet) or a checkpoint directory ``checkpoints/step_XXXXXX``.
+
+The app loads only what it offers (a :class:`Catalog`): the runs under its
+runs root and their checkpoints, and the models named on its command line.
+A run whose files lead outside the root through a symlink is not offered.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +23,19 @@ import yaml
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
 from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
-from flowrl.models.shapes_dit import CONFIG_NAME
+from flowrl.models.shapes_dit import CONFIG_NAME, WEIGHTS_NAME
 
 #: The reward a run without a readable ``config.yaml`` is scored with (the trainer's default).
 DEFAULT_REWARDS: dict[str, Any] = {"shapes_verifier": 1.0}
+#: What the app reads of a run, relative to it (besides its checkpoints): all must stay inside the runs root.
+RUN_FILES = (
+    "model",
+    f"model/{CONFIG_NAME}",
+    f"model/{WEIGHTS_NAME}",
+    "checkpoints",
+    "config.yaml",
+    "metrics.jsonl",
+)
 
 
 def _modified(path: Path) -> float:
@@ -45,14 +59,35 @@ def is_video_run(path: Path) -> bool:
     return run_config(path).get("data", {}).get("prompts") == "video-shapes-train"
 
 
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` lies inside ``root`` once the symlinks of both are resolved."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
+def is_confined(run: Path, root: Path) -> bool:
+    """Whether ``run`` and everything the app reads of it (:data:`RUN_FILES`, its checkpoints and their
+    manifests) stay inside ``root`` once symlinks are resolved."""
+    checkpoints = list_checkpoints(run / "checkpoints")
+    paths = [
+        run,
+        *(run / name for name in RUN_FILES),
+        *checkpoints,
+        *(path / MANIFEST for path in checkpoints),
+    ]
+    return all(_inside(path, root) for path in paths)
+
+
 def find_runs(root: str | Path) -> list[Path]:
-    """Run directories directly under ``root`` that hold a model or a checkpoint, newest first."""
+    """Run directories directly under ``root`` that hold a model or a checkpoint, newest first; a run that
+    leads outside ``root`` through a symlink is left out (see :func:`is_confined`)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(
-        (path for path in root.iterdir() if path.is_dir() and is_run(path)), key=_modified, reverse=True
-    )
+    runs = (path for path in root.iterdir() if path.is_dir() and is_confined(path, root) and is_run(path))
+    return sorted(runs, key=_modified, reverse=True)
 
 
 def source_choices(root: str | Path) -> list[str]:
@@ -80,9 +115,57 @@ def run_config(run_dir: Path | None) -> dict[str, Any]:
     return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
 
 
-def reward_spec(source: str | Path) -> dict[str, Any]:
-    """The ``rewards`` section the source's run trained with, :data:`DEFAULT_REWARDS` otherwise."""
-    return run_config(run_dir_of(source)).get("rewards") or dict(DEFAULT_REWARDS)
+def reward_spec(run_dir: Path | None) -> dict[str, Any]:
+    """The ``rewards`` section the run trained with, :data:`DEFAULT_REWARDS` otherwise."""
+    return run_config(run_dir).get("rewards") or dict(DEFAULT_REWARDS)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the app offers, and so all it loads: the runs under ``root`` with their checkpoints, and the
+    base and tuned models named on the command line (chosen by whoever started the app).
+
+    The runs are listed afresh at every call, and a submitted value is
+    accepted only when it is one of the offered strings, exactly: a request
+    can send any string, whatever the page's dropdowns offer.
+    """
+
+    root: Path = Path("runs")
+    base: str = "shapes-base"
+    tuned: str | None = None
+
+    def tuned_choices(self) -> list[str]:
+        """The command line's tuned model, then every run and checkpoint under the root, newest first."""
+        named = [self.tuned] if self.tuned else []
+        return list(dict.fromkeys([*named, *source_choices(self.root)]))
+
+    def base_choices(self) -> list[str]:
+        """The command line's base model, then the shipped models."""
+        return list(dict.fromkeys([self.base, *SHIPPED_MODELS]))
+
+    def checked_tuned(self, source: object) -> str:
+        """``source`` if it is an offered tuned source; ``ValueError`` otherwise (not naming it)."""
+        if not isinstance(source, str) or source not in self.tuned_choices():
+            raise ValueError(
+                f"That is not one of the offered runs or checkpoints (the runs under {self.root}/); "
+                "pick one from the list."
+            )
+        return source
+
+    def checked_base(self, source: object) -> str:
+        """``source`` if it is an offered base model; ``ValueError`` otherwise (not naming it)."""
+        if not isinstance(source, str) or source not in self.base_choices():
+            raise ValueError(
+                f"That is not one of the offered base models; choose one of {self.base_choices()}."
+            )
+        return source
+
+    def run_dir(self, source: str) -> Path | None:
+        """The run an offered source belongs to: for a run or checkpoint under the root, its run folder
+        there (never a folder above it); for a model named on the command line, what :func:`run_dir_of` finds."""
+        if source in source_choices(self.root):
+            return self.root / Path(source).relative_to(self.root).parts[0]
+        return run_dir_of(source)
 
 
 def _from_checkpoint(checkpoint: Path, base: str) -> ShapesDiT:

@@ -1,5 +1,10 @@
 """Scores of generated images: every reward's sub-scores, the total, and the verifier's per-object verdict.
 
+A run's ``rewards`` section is built only from registered (or plugin)
+reward names unless the app trusts run code: a dotted path
+``package.module:Name`` anywhere in it is code the reward registry would
+import and call with the run's settings.
+
 :func:`scores_cards` renders them as HTML, one card per image; each score
 carries its exact value in ``data-value`` (the text shows three decimals),
 so a browser test can read back precisely what the reward computed.
@@ -10,17 +15,20 @@ from __future__ import annotations
 import functools
 import html
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rewards import MultiReward
-from rewards.shapes_verifier import detect_objects, entry_checks
+from rewards import MultiReward, available_rewards
+from rewards.shapes_verifier import DetectedObject, detect_objects, entry_checks, of_class
 
 #: Check values as the verdict shows them.
 MARKS = {1.0: "✓", 0.0: "✗"}
+#: A dotted path to code, ``package.module:Name``, as the reward registry imports it.
+DOTTED_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 @dataclass
@@ -39,15 +47,54 @@ def _reward(spec_json: str) -> MultiReward:
     return MultiReward(json.loads(spec_json))
 
 
-def build_reward(spec: Mapping[str, Any]) -> MultiReward:
-    """The :class:`~rewards.MultiReward` of a run's ``rewards`` section (built once per spec)."""
+def _strings(value: Any) -> Iterator[str]:
+    """Every string among ``value``'s nested mappings and lists, mapping values included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _run_code(name: str, spec: Any) -> str | None:
+    """The code a ``rewards`` entry names: its reward when that is no registered or plugin reward, or a
+    dotted path among its settings (a reward that builds another by name); None when it names none."""
+    reward = spec.get("reward", name) if isinstance(spec, Mapping) else name
+    if not isinstance(reward, str) or reward not in available_rewards():
+        return repr(reward)
+    settings = spec.get("settings", {}) if isinstance(spec, Mapping) else {}
+    return next((repr(text) for text in _strings(settings) if DOTTED_PATH.fullmatch(text)), None)
+
+
+def check_run_code(spec: Any) -> None:
+    """``ValueError`` naming the first entry of a run's ``rewards`` section that names code to import."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"The run's config.yaml has rewards {spec!r}; expected a mapping of reward entries.")
+    for name, entry in spec.items():
+        code = _run_code(name, entry)
+        if code is not None:
+            raise ValueError(
+                f"The run's config.yaml names {code} in reward entry {name!r}: not a registered reward but "
+                "code the app would import and run. Start the app with --trust-run-code to allow it (only "
+                "for runs you trust)."
+            )
+
+
+def build_reward(spec: Mapping[str, Any], trust_run_code: bool = False) -> MultiReward:
+    """The :class:`~rewards.MultiReward` of a run's ``rewards`` section (built once per spec); unless
+    ``trust_run_code``, a spec naming code to import is refused (:func:`check_run_code`)."""
+    if not trust_run_code:
+        check_run_code(spec)
     return _reward(json.dumps(spec, sort_keys=True))
 
 
 def _entry_name(entry: Mapping[str, Any], include: Sequence[Mapping[str, Any]]) -> str:
     """How the verdict names an ``include`` entry: ``2 red circles``, ``1 circle left of the square``."""
     count = int(entry.get("count", 1))
-    words = [str(count), entry.get("color", ""), entry["class"] + ("s" if count > 1 else "")]
+    words = [str(count), entry.get("color", ""), entry["class"] + ("s" if count != 1 else "")]
     if "position" in entry:
         relation, reference = entry["position"]
         words.append(f"{relation} the {include[reference]['class']}")
@@ -58,15 +105,28 @@ def _mark(value: float) -> str:
     return MARKS.get(value, f"{value:.2f}")
 
 
+def _check_words(entry: Mapping[str, Any], objects: Sequence[DetectedObject]) -> dict[str, str]:
+    """What each check of an entry judged: the count check counts the entry's class in any colour
+    (``2 circles``), the colour check how many of those have the colour (``1/2 red``)."""
+    found = of_class(objects, entry)
+    words = {"count": f"{len(found)} {entry['class']}{'' if len(found) == 1 else 's'}"}
+    if "color" in entry:
+        words["color"] = f"{sum(obj.color == entry['color'] for obj in found)}/{len(found)} {entry['color']}"
+    if "position" in entry:
+        words["position"] = "position"
+    return words
+
+
 def verdict(image: torch.Tensor, record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``(per-object verdict lines, detected objects)`` of one ``[3, H, W]`` image, by the shapes verifier."""
+    """``(per-object verdict lines, detected objects)`` of one ``[3, H, W]`` image, by the shapes verifier:
+    ``1 red circle: 2 circles ✗, 1/2 red 0.50`` (asked for; what each check found, and its value)."""
     objects = detect_objects(image.detach().float().cpu().permute(1, 2, 0).numpy())
     include = record["include"]
-    lines = [
-        f"{_entry_name(entry, include)}: "
-        + " ".join(f"{check} {_mark(value)}" for check, value in checks.items())
-        for entry, checks in zip(include, entry_checks(objects, record))
-    ]
+    lines = []
+    for entry, checks in zip(include, entry_checks(objects, record)):
+        words = _check_words(entry, objects)
+        found = ", ".join(f"{words[check]} {_mark(value)}" for check, value in checks.items())
+        lines.append(f"{_entry_name(entry, include)}: {found}")
     return lines, [f"{obj.color} {obj.shape} ({obj.center_x:.0f}, {obj.center_y:.0f})" for obj in objects]
 
 

@@ -241,9 +241,10 @@ def resumable_checkpoint(resume: str, directory: str | Path) -> Path | None:
         try:
             verify_checkpoint(candidate)
         except CheckpointError as error:
-            warnings.warn(f"skipping unusable checkpoint: {error}", stacklevel=2)
             reasons.append(str(error))
             continue
+        for reason in reasons:
+            warnings.warn(f"skipping unusable checkpoint: {reason}", stacklevel=2)
         return candidate
     if reasons:
         raise CheckpointError(

@@ -144,6 +144,11 @@ def detect_objects(image: np.ndarray) -> list[DetectedObject]:
     return objects
 
 
+def of_class(objects: Sequence[DetectedObject], entry: Mapping[str, Any]) -> list[DetectedObject]:
+    """Objects of the entry's class in any colour: those its count and colour checks judge."""
+    return [obj for obj in objects if obj.shape == entry["class"]]
+
+
 def _of_entry(objects: Sequence[DetectedObject], entry: Mapping[str, Any]) -> list[DetectedObject]:
     """Objects of the entry's class and, when the entry names one, its colour."""
     return [
@@ -174,12 +179,12 @@ def entry_checks(objects: Sequence[DetectedObject], metadata: Mapping[str, Any])
     include = metadata["include"]
     verdicts: list[dict[str, float]] = []
     for entry in include:
-        of_class = [obj for obj in objects if obj.shape == entry["class"]]
+        candidates = of_class(objects, entry)
         wanted = int(entry.get("count", 1))
-        found = len(of_class)
+        found = len(candidates)
         checks = {"count": 1.0 if found == wanted else max(0.0, 1.0 - abs(found - wanted) / wanted)}
         if "color" in entry:
-            checks["color"] = sum(obj.color == entry["color"] for obj in of_class) / max(found, 1)
+            checks["color"] = sum(obj.color == entry["color"] for obj in candidates) / max(found, 1)
         if "position" in entry:
             relation, reference_index = entry["position"]
             holds = any(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -14,11 +15,16 @@ from flowrl.models import ShapesDiT
 
 
 def make_run(
-    directory: Path, base_dir: Path, base: ShapesDiT, mtime: float | None = None, noise: float = 0.02
+    directory: Path,
+    base_dir: Path,
+    base: ShapesDiT,
+    mtime: float | None = None,
+    noise: float = 0.02,
+    rewards: dict[str, Any] | None = None,
 ) -> Path:
     """A run trained from the model saved at ``base_dir``: ``model/`` (the base's weights plus ``noise``
-    times Gaussian noise), a checkpoint at step 5, ``config.yaml`` and a ``metrics.jsonl`` with
-    training and eval rows; ``mtime`` dates it."""
+    times Gaussian noise), a checkpoint at step 5, ``config.yaml`` (its ``rewards`` section: ``rewards``,
+    by default the shapes verifier) and a ``metrics.jsonl`` with training and eval rows; ``mtime`` dates it."""
     torch.manual_seed(len(directory.name))
     tuned = ShapesDiT(base.config)
     tuned.load_state_dict(base.state_dict())
@@ -30,7 +36,7 @@ def make_run(
     write_checkpoint(directory / "checkpoints", 5, {"policy": {"model": state, "old": state}})
     config = {
         "model": {"name": str(base_dir)},
-        "rewards": {"shapes_verifier": 1.0},
+        "rewards": rewards or {"shapes_verifier": 1.0},
         "algorithm": {"name": "nft"},
     }
     (directory / "config.yaml").write_text(yaml.safe_dump(config))

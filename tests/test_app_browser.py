@@ -1,16 +1,22 @@
-"""The demo app in a real headless Chromium: type a prompt, generate, and read back both sides and their scores.
+"""The demo app served for real: in a headless Chromium (type a prompt, generate, and read back both sides
+and their scores), and through its HTTP API as anyone who reaches the server can call it.
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (``bash scripts/setup_browser.sh``) and the
-``selenium`` package (the ``dev`` extra); without them the test fails and says so.
+The browser test needs Debian's ``chromium`` and ``chromium-driver`` (``bash scripts/setup_browser.sh``)
+and the ``selenium`` package (the ``dev`` extra); without them it fails and says so.
 """
 
 import io
+import json
+import re
 import socket
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+import yaml
 from app_runs import make_run
 from PIL import Image
 from selenium import webdriver
@@ -139,7 +145,8 @@ def test_generate_in_a_browser_shows_both_sides_and_the_rewards_scores(browser, 
                 "reward": float(totals[index]),
             }
         verdicts = browser.find_elements(By.CSS_SELECTOR, '.flowrl-scores[data-side="tuned"] .verdict')
-        assert len(verdicts) == NUM_IMAGES and "1 red circle: count" in verdicts[0].text
+        assert len(verdicts) == NUM_IMAGES
+        assert re.search(r"1 red circle: \d+ circles? (✓|✗|0\.\d\d), \d+/\d+ red ", verdicts[0].text)
         assert PROMPT in browser.find_element(By.ID, "status").text
         screenshot = tmp_path / "app.png"
         assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 10_000
@@ -147,3 +154,50 @@ def test_generate_in_a_browser_shows_both_sides_and_the_rewards_scores(browser, 
         demo.close()
     with pytest.raises(OSError):  # the server is stopped
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def _call(url: str, api_name: str, *data: Any) -> tuple[str, Any]:
+    """One call of the app's HTTP API, as any client can make it: ``(event, data)`` of its result,
+    the event ``complete`` or ``error``."""
+    posted = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": list(data)}, timeout=30)
+    posted.raise_for_status()
+    stream = httpx.get(f"{url}gradio_api/call/{api_name}/{posted.json()['event_id']}", timeout=120)
+    lines = stream.text.splitlines()
+    ends = [i for i, line in enumerate(lines) if line in ("event: complete", "event: error")]
+    assert ends, stream.text
+    return lines[ends[-1]].removeprefix("event: "), json.loads(lines[ends[-1] + 1].removeprefix("data: "))
+
+
+def test_the_http_api_loads_only_offered_runs_and_runs_no_run_code(tmp_path, tiny_model, tiny_model_dir):
+    # Issue 22's exploit: a run folder whose config.yaml makes the reward registry run a shell command,
+    # submitted as the tuned model through the API (which bypasses the page's dropdown).
+    marker = tmp_path / "pwned"
+    shell = {"pwn": {"reward": "subprocess:Popen", "settings": {"args": f"touch {marker}", "shell": True}}}
+    root = tmp_path / "runs"
+    run = make_run(root / "run", tiny_model_dir, tiny_model)
+    # One under the runs root (as if copied in from elsewhere), one crafted anywhere else on the server.
+    evil = make_run(root / "evil", tiny_model_dir, tiny_model, rewards=shell)
+    crafted = make_run(tmp_path / "elsewhere" / "crafted", tiny_model_dir, tiny_model, rewards=shell)
+    demo = launch(None, str(tiny_model_dir), root, port=_free_port(), block=False)
+    try:
+        url = demo.local_url
+        endpoints = httpx.get(f"{url}gradio_api/info").json()["named_endpoints"]
+        assert {"/generate", "/run_overview"} <= set(endpoints)
+        config = yaml.safe_dump({"rewards": shell}).encode()
+        uploaded = httpx.post(f"{url}gradio_api/upload", files={"files": ("config.yaml", config)}).json()
+        settings = [PROMPT, 0, 1, 1, "euler", 1.0, 1.0, str(tiny_model_dir)]
+        assert _call(url, "generate", *settings, str(run))[0] == "complete"  # a well-formed call works
+        for tuned in (str(crafted), str(Path(uploaded[0]).parent), f"{root}/../elsewhere/crafted"):
+            event, data = _call(url, "generate", *settings, tuned)
+            assert event == "error" and data["error"].startswith("That is not one of the offered runs")
+            assert tuned not in data["error"] and "elsewhere" not in data["error"]
+            assert _call(url, "run_overview", tuned) == ("complete", [None, data["error"]])
+        event, data = _call(url, "generate", *settings[:-1], str(crafted / "model"), str(run))
+        assert event == "error" and data["error"].startswith("That is not one of the offered base models")
+        event, data = _call(url, "generate", *settings, str(evil))
+        assert (
+            event == "error" and "reward entry 'pwn'" in data["error"] and "--trust-run-code" in data["error"]
+        )
+    finally:
+        demo.close()
+    assert not marker.exists()

@@ -25,7 +25,7 @@ from flowrl.cli import main
 from flowrl.config import ConfigError, load_config
 from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
-from rewards import MultiReward, RewardError, ShapesVerifier, SkippedBatch
+from rewards import MultiReward, RewardError, SkippedBatch
 
 TINY_RUN = [
     "training.prompts_per_step=2",

@@ -1,0 +1,440 @@
+"""Fault drill: a short shapes-world training (the shipped base model, DiffusionNFT) run through the faults a
+long run meets, each end to end in real processes, with a table of what happened.
+
+    python scripts/fault_drill.py                    # every scenario (about 5 minutes on 2 CPU cores)
+    python scripts/fault_drill.py --only kill corrupt
+
+Scenarios (each compared with one uninterrupted reference run of the same config):
+  kill       ``kill -9`` at random moments (several trials); ``resume=latest`` until the run completes;
+             the final weights and every step's reward must equal the reference's bit for bit
+  sigint     Ctrl-C: exit status 130 with a resume hint; resuming completes identically
+  corrupt    the newest checkpoint flipped, truncated, emptied (0-byte file) or with an empty manifest:
+             ``resume=latest`` falls back to the previous one and completes identically
+  unusable   every checkpoint corrupted: ``resume=latest`` is a one-line error; metrics.jsonl is untouched
+  disk_full  the run folder on a small tmpfs (needs root): the checkpoint write fails, leaves no temporary
+             folder; with space freed, ``resume=latest`` completes identically
+  server     the reward served by ``flowrl reward-server``; the server is killed mid-run and restarted
+             seconds later: the client retries and the run completes
+  nan        a reward that returns NaN on some batches: ``on_error: raise`` stops with one line;
+             ``skip_batch`` and ``zero`` complete, counting what they absorbed
+
+Writes ``--out`` (JSON) beside the printed table. Run it alone: it times nothing, but its processes
+need the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flowrl.checkpoint import list_checkpoints, read_checkpoint  # noqa: E402
+from flowrl.run_log import read_metrics  # noqa: E402
+
+STEPS = 8
+#: a short run of the main job's recipe: small batches, few sampler steps, a quick evaluation
+DRILL_RUN = [
+    "training.prompts_per_step=2",
+    "training.group_size=4",
+    "training.micro_batch_size=8",
+    "training.updates_per_step=2",
+    "training.threads=1",
+    "sampler.num_steps=4",
+    "evaluation.every=0",
+    "evaluation.images_per_task=2",
+    "evaluation.num_steps=4",
+    "evaluation.base_guidance_scales=[1.0]",
+    "logging.sample_every=0",
+    "logging.checkpoint_every=2",
+    "logging.keep_checkpoints=2",
+    "logging.progress=false",
+]
+
+NAN_REWARD = '''
+import torch
+from rewards import ShapesVerifier
+
+_verifier = ShapesVerifier()
+_calls = [0]
+
+
+def nan_sometimes(media, prompts, metadata):
+    """The shapes verifier's partial score, but NaN on every third call."""
+    _calls[0] += 1
+    scores = _verifier(media, prompts, metadata)["partial"]
+    return scores * float("nan") if _calls[0] % 3 == 0 else scores
+'''
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    fault: str
+    behaviour: str
+    ok: bool
+
+
+def command(output: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "flowrl.cli",
+        "train",
+        str(ROOT / "configs/shapes_nft.yaml"),
+        *DRILL_RUN,
+        f"training.steps={STEPS}",
+        f"logging.output_dir={output}",
+        *overrides,
+    ]
+
+
+def run(output: Path, *overrides: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{cwd}"}
+    return subprocess.run(
+        command(output, *overrides), capture_output=True, text=True, cwd=cwd, env=env, timeout=900
+    )
+
+
+def start(output: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        command(output, *overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+
+
+def resume_until_done(output: Path, *overrides: str, attempts: int = 5) -> subprocess.CompletedProcess:
+    for _ in range(attempts):
+        result = run(output, *overrides, "resume=latest")
+        if result.returncode == 0:
+            return result
+    raise RuntimeError(f"{output}: no successful resume in {attempts} attempts: {result.stderr[-500:]}")
+
+
+def final_state(output: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The final checkpoint's trained weights and the per-step training rewards."""
+    _, payload = read_checkpoint(list_checkpoints(output / "checkpoints")[-1])
+    rewards = [row["reward/mean"] for row in read_metrics(output / "metrics.jsonl") if "reward/mean" in row]
+    return payload["policy"]["model"], rewards
+
+
+def identical(output: Path, reference: Path) -> bool:
+    weights, rewards = final_state(output)
+    reference_weights, reference_rewards = final_state(reference)
+    return rewards == reference_rewards and all(
+        torch.equal(weights[name], value) for name, value in reference_weights.items()
+    )
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# --- scenarios ---------------------------------------------------------------------------------------
+
+
+def kill_scenario(work: Path, reference: Path, seed: int, duration: float) -> list[Outcome]:
+    rng = random.Random(seed)
+    outcomes = []
+    for trial in range(3):
+        output = work / f"kill{trial}"
+        moments = sorted(rng.uniform(0.1, 0.9) * duration for _ in range(2))
+        for moment in moments:
+            process = start(output, *(["resume=latest"] if output.exists() else []))
+            time.sleep(moment)
+            process.kill()
+            process.wait()
+        result = resume_until_done(output)
+        same = identical(output, reference)
+        outcomes.append(
+            Outcome(
+                "kill",
+                f"kill -9 at {', '.join(f'{m:.1f}' for m in moments)} s, then resume=latest",
+                f"completed {STEPS} steps; weights and rewards {'identical to' if same else 'DIFFER from'} "
+                "the uninterrupted run" + ("" if result.returncode == 0 else f" (exit {result.returncode})"),
+                same,
+            )
+        )
+    return outcomes
+
+
+def sigint_scenario(work: Path, reference: Path) -> list[Outcome]:
+    output = work / "sigint"
+    process = start(output)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    hint = "resume=latest" in stderr and "Traceback" not in stderr
+    resume_until_done(output)
+    same = identical(output, reference)
+    return [
+        Outcome(
+            "sigint",
+            "Ctrl-C (SIGINT) after the first checkpoint",
+            f"exit {process.returncode}, {'a resume hint' if hint else 'NO resume hint'}; resumed run "
+            f"{'identical to' if same else 'DIFFERS from'} the uninterrupted run",
+            process.returncode == 130 and hint and same,
+        )
+    ]
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS: dict[str, Callable[[Path], None]] = {
+    "bit flip in policy.pt": lambda c: _flip(c / "policy.pt"),
+    "optimizer.pt truncated to half": lambda c: (c / "optimizer.pt").write_bytes(
+        (c / "optimizer.pt").read_bytes()[: (c / "optimizer.pt").stat().st_size // 2]
+    ),
+    "policy.pt emptied (0 bytes)": lambda c: (c / "policy.pt").write_bytes(b""),
+    "manifest.json is {}": lambda c: (c / "manifest.json").write_text("{}"),
+}
+
+
+def corrupt_scenario(work: Path, reference: Path) -> list[Outcome]:
+    partial = work / "partial"
+    run(partial, f"training.steps={STEPS - 2}")
+    outcomes = []
+    for index, (fault, corrupt) in enumerate(CORRUPTIONS.items()):
+        output = work / f"corrupt{index}"
+        shutil.copytree(partial, output)
+        corrupt(list_checkpoints(output / "checkpoints")[-1])
+        result = run(output, "resume=latest")
+        fell_back = "skipping unusable checkpoint" in result.stderr
+        same = result.returncode == 0 and identical(output, reference)
+        outcomes.append(
+            Outcome(
+                "corrupt",
+                f"newest checkpoint: {fault}",
+                f"{'fell back to the previous checkpoint' if fell_back else 'DID NOT fall back'}, completed; "
+                f"{'identical to' if same else 'DIFFERS from'} the uninterrupted run",
+                fell_back and same,
+            )
+        )
+    output = work / "unusable"
+    shutil.copytree(partial, output)
+    for checkpoint in list_checkpoints(output / "checkpoints"):
+        _flip(checkpoint / "policy.pt")
+    metrics = (output / "metrics.jsonl").read_text()
+    result = run(output, "resume=latest")
+    one_line = len(result.stderr.strip().splitlines()) <= 3 and "Traceback" not in result.stderr
+    kept = (output / "metrics.jsonl").read_text() == metrics
+    outcomes.append(
+        Outcome(
+            "unusable",
+            "every checkpoint corrupted, resume=latest",
+            f"exit {result.returncode}: {last_line(result.stderr)[:110]}...; metrics.jsonl "
+            f"{'untouched' if kept else 'CHANGED'}",
+            result.returncode == 2 and one_line and kept,
+        )
+    )
+    return outcomes
+
+
+def disk_full_scenario(work: Path, reference: Path) -> list[Outcome]:
+    fault = "run folder on a tmpfs that fills at the 2nd checkpoint"
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return [Outcome("disk_full", fault, "not run: mounting a tmpfs needs root", True)]
+    checkpoint_bytes = sum(
+        f.stat().st_size for f in list_checkpoints(reference / "checkpoints")[-1].iterdir()
+    )
+    mount_point = work / "small-disk"
+    mount_point.mkdir()
+    size = int(1.6 * checkpoint_bytes) + (2 << 20)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)])
+    if mounted.returncode:
+        return [Outcome("disk_full", fault, "not run: this machine cannot mount a tmpfs", True)]
+    try:
+        output = mount_point / "run"
+        failed = run(output)
+        leftovers = list((output / "checkpoints").glob(".tmp-*"))
+        full = "No space left on device" in failed.stderr
+        subprocess.run(["mount", "-o", f"remount,size={8 * size}", str(mount_point)], check=True)
+        resume_until_done(output)
+        same = identical(output, reference)
+        return [
+            Outcome(
+                "disk_full",
+                fault,
+                f"exit {failed.returncode} ({'ENOSPC' if full else 'no ENOSPC'}), "
+                f"{len(leftovers)} temporary folders left; with space freed the resumed run is "
+                f"{'identical to' if same else 'DIFFERENT from'} the uninterrupted run",
+                failed.returncode != 0 and full and not leftovers and same,
+            )
+        ]
+    finally:
+        subprocess.run(["umount", str(mount_point)])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _server(port: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flowrl.cli",
+            "reward-server",
+            "--reward",
+            "shapes_verifier",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.3)
+    raise RuntimeError("the reward server did not come up")
+
+
+def server_scenario(work: Path, down_seconds: float) -> list[Outcome]:
+    port = _free_port()
+    server = _server(port)
+    output = work / "server"
+    rewards = (
+        f"rewards={{verifier: {{reward: remote, key: partial, settings: {{url: 'http://127.0.0.1:{port}', "
+        "patience: 120}}}}"
+    )
+    training = start(output, rewards)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
+        time.sleep(0.2)
+    server.kill()
+    server.wait()
+    time.sleep(down_seconds)
+    server = _server(port)
+    try:
+        _, stderr = training.communicate(timeout=600)
+    finally:
+        server.kill()
+    steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "reward/mean" in row]
+    return [
+        Outcome(
+            "server",
+            f"reward server killed after the first checkpoint, restarted {down_seconds:g} s later",
+            f"exit {training.returncode}; {len(steps)} of {STEPS} steps trained"
+            + ("" if training.returncode == 0 else f": {last_line(stderr)[:100]}"),
+            training.returncode == 0 and steps == list(range(1, STEPS + 1)),
+        )
+    ]
+
+
+def nan_scenario(work: Path) -> list[Outcome]:
+    plugin_dir = work / "plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "nan_reward.py").write_text(NAN_REWARD)
+    outcomes = []
+    for on_error in ("raise", "skip_batch", "zero"):
+        output = work / f"nan_{on_error}"
+        result = run(
+            output,
+            f"rewards={{nan: {{reward: 'nan_reward:nan_sometimes', on_error: {on_error}}}}}",
+            cwd=plugin_dir,
+        )
+        rows = [row for row in read_metrics(output / "metrics.jsonl") if row.get("step", 0) > 0]
+        skipped = sum(row.get("skipped/reward_batch", 0) for row in rows)
+        if on_error == "raise":
+            line = last_line(result.stderr)
+            ok = result.returncode == 1 and "non-finite" in line and "Traceback" not in result.stderr
+            behaviour = f"exit {result.returncode}: {line[:110]}"
+        else:
+            ok = (
+                result.returncode == 0
+                and len(rows) == STEPS
+                and (skipped > 0 if on_error == "skip_batch" else True)
+            )
+            behaviour = f"exit {result.returncode}; {len(rows)} steps" + (
+                f", {skipped} skipped" if on_error == "skip_batch" else ", NaN batches scored 0"
+            )
+        outcomes.append(Outcome("nan", f"reward NaN on every 3rd batch, on_error: {on_error}", behaviour, ok))
+    return outcomes
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    width = max(len(o.fault) for o in outcomes)
+    print(f"\n{'scenario':<10} {'fault':<{width}}  {'ok':<4} behaviour")
+    for o in outcomes:
+        print(f"{o.scenario:<10} {o.fault:<{width}}  {'yes' if o.ok else 'NO':<4} {o.behaviour}")
+    print(f"\n{sum(o.ok for o in outcomes)} of {len(outcomes)} faults survived as intended")
+
+
+SCENARIOS = ("kill", "sigint", "corrupt", "disk_full", "server", "nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    parser.add_argument("--out", default="docs/fault_drill.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="flowrl-drill-") as scratch:
+        work = Path(scratch)
+        reference = work / "reference"
+        start_time = time.perf_counter()
+        result = run(reference)
+        if result.returncode:
+            raise SystemExit(f"the reference run failed: {result.stderr[-1000:]}")
+        duration = time.perf_counter() - start_time
+        print(f"reference run: {STEPS} steps in {duration:.0f} s", flush=True)
+        outcomes: list[Outcome] = []
+        runners = {
+            "kill": lambda: kill_scenario(work, reference, args.seed, duration),
+            "sigint": lambda: sigint_scenario(work, reference),
+            "corrupt": lambda: corrupt_scenario(work, reference),
+            "disk_full": lambda: disk_full_scenario(work, reference),
+            "server": lambda: server_scenario(work, down_seconds=5.0),
+            "nan": lambda: nan_scenario(work),
+        }
+        for name in args.only:
+            found = runners[name]()
+            for outcome in found:
+                print(
+                    f"  {outcome.scenario}: {outcome.fault}: {'ok' if outcome.ok else 'FAILED'}", flush=True
+                )
+            outcomes.extend(found)
+    print_table(outcomes)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps({"steps": STEPS, "outcomes": [asdict(o) for o in outcomes]}, indent=2) + "\n"
+    )
+    print(f"wrote {args.out}")
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
