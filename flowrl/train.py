@@ -1,34 +1,16 @@
-"""``flowrl train CONFIG [key=value ...]`` and ``accelerate launch -m flowrl.train CONFIG [key=value ...]``."""
+"""``accelerate launch -m flowrl.train CONFIG [key=value ...]``: the same as ``flowrl train`` (one process or
+several), with its one-line errors (printed once, by the main process) and exit statuses."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from flowrl.config import ConfigError, load_config
+from flowrl.cli import main as cli_main
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="flowrl train",
-        description="Online RL fine-tuning from a YAML config (see configs/).",
-        epilog="Overrides are section.key=value, e.g. training.steps=50 logging.output_dir=runs/try resume=latest",
-    )
-    parser.add_argument("config", help="YAML config file")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides (value read as YAML)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as error:
-        sys.exit(f"flowrl train: config error: {error}")
-    from flowrl.trainer import train
-
-    train(config)
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

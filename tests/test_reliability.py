@@ -382,3 +382,16 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, tiny_model_dir):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "interrupted at step" in stderr and "resume=latest" in stderr and "Traceback" not in stderr
+
+
+def test_a_config_error_in_a_two_process_launch_is_printed_once(tmp_path):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    result = subprocess.run(
+        [str(torchrun), "--nproc_per_node", "2", "-m", "flowrl.train", "configs/shapes_nft.yaml", "training.steps=0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode != 0
+    assert result.stderr.count("training.steps=0 is not allowed") == 1, result.stderr
