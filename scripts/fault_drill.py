@@ -17,6 +17,8 @@ Scenarios (each compared with one uninterrupted reference run of the same config
              seconds later: the client retries and the run completes
   nan        a reward that returns NaN on some batches: ``on_error: raise`` stops with one line;
              ``skip_batch`` and ``zero`` complete, counting what they absorbed
+  configs    bad config files and overrides through ``flowrl train`` (in process): each must be refused
+             with exit status 2 and one line naming what was wrong, before any model loads
 
 Writes ``--out`` (JSON) beside the printed table. Run it alone: it times nothing, but its processes
 need the CPU.
@@ -383,6 +385,125 @@ def nan_scenario(work: Path) -> list[Outcome]:
     return outcomes
 
 
+#: ``(what, config file text or None for configs/shapes_nft.yaml, overrides)``, each of which must be refused
+BAD_CONFIGS: list[tuple[str, str | None, list[str]]] = [
+    *[
+        (f"override {o}", None, [o])
+        for o in (
+            "training.steps=0",
+            "training.steps=-1",
+            "training.steps=abc",
+            "training.steps=1.5",
+            "training.steps=true",
+            "training.steps=.nan",
+            "training.learning_rate=.nan",
+            "training.learning_rate=.inf",
+            "training.learning_rate=-1",
+            "training.learning_rate=fast",
+            "training.grad_clip=.inf",
+            "training.grad_clip=0",
+            "training.group_size=1",
+            "training.max_consecutive_skips=0",
+            "algorithm.beta=.nan",
+            "algorithm.name=ppo",
+            "algorithm.clip_range=0.2",
+            "algorithm.timesteps=bogus",
+            "sampler.solver=rk4",
+            "sampler.num_steps=0",
+            "sampler.guidance_scale=0.5",
+            "model.backend=mystery",
+            "model.name=/nonexistent-model",
+            "rewards={}",
+            "rewards={nope: 1.0}",
+            "rewards={shapes_verifier: {weight: .nan}}",
+            "rewards={shapes_verifier: {settings: {x: 1}}}",
+            "rewards={shapes_verifier: {on_error: ignore}}",
+            "rewards={shapes_verifier: {timeout: 0}}",
+            "rewards={r: {reward: 'nomodule:thing'}}",
+            "rewards={shapes_verifier: {colour: red}}",
+            "data.prompts=missing.jsonl",
+            "data.sampling=weird",
+            "logging.tracker=mlflow",
+            "logging.keep_checkpoints=0",
+            "evaluation.guidance_scales=[0.5]",
+            "evaluation.world=mars",
+            "training.steps=[1,",
+            "training.steps.x=1",
+            "=5",
+            "training.steps",
+            "bogus=1",
+            "resume=/nonexistent",
+            "reward_aggregation=max",
+        )
+    ],
+    (
+        "prompts that do not divide over the batch",
+        None,
+        ["training.prompts_per_step=3", "training.group_size=3"],
+    ),
+    ("malformed YAML", "training: {steps: 3\n", []),
+    ("a duplicate key", "training:\n  steps: 3\n  steps: 4\n", []),
+    ("a list at the top", "- training\n", []),
+    ("defaults that are not paths", "defaults: 5\n", []),
+    ("defaults that form a cycle", "defaults: [bad.yaml]\n", []),
+    (
+        "a YAML tag that builds a Python object",
+        "training: !!python/object/apply:os.system [echo pwned]\n",
+        [],
+    ),
+]
+
+
+def configs_scenario(work: Path) -> list[Outcome]:
+    import contextlib
+    import io
+
+    from flowrl.cli import main as cli_main
+
+    folder = work / "configs"
+    folder.mkdir()
+    (folder / "file").write_text("")
+    cases = [
+        *BAD_CONFIGS,
+        ("output folder that is a file", None, [f"logging.output_dir={folder / 'file'}"]),
+        ("a directory as config", str(folder), []),
+        ("a non-UTF-8 config", "latin-1", []),
+        ("a config that does not exist", str(folder / "missing.yaml"), []),
+    ]
+    clean, failures = 0, []
+    for index, (what, text, overrides) in enumerate(cases):
+        path = str(ROOT / "configs/shapes_nft.yaml")
+        if text == "latin-1":
+            path = str(folder / "latin1.yaml")
+            Path(path).write_bytes("name: caf\xe9\n".encode("latin-1"))
+        elif text is not None and text.startswith("/"):
+            path = text
+        elif text is not None:
+            path = str(folder / ("bad.yaml" if "cycle" in what else f"case{index}.yaml"))
+            Path(path).write_text(text)
+        output = [f"logging.output_dir={folder / f'run{index}'}"]
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                status = cli_main(["train", path, *output, *overrides])
+            except BaseException as error:  # a traceback would be a failure of the drill
+                status = f"raised {type(error).__name__}"
+        lines = stderr.getvalue().strip().splitlines()
+        if status == 2 and len(lines) == 1 and "Traceback" not in lines[0]:
+            clean += 1
+        else:
+            failures.append(f"{what}: {status} {lines[-1:]}")
+    return [
+        Outcome(
+            "configs",
+            f"{len(cases)} bad config files and overrides",
+            f"{clean} refused with one line and exit 2 before any model loaded"
+            + (f"; not clean: {failures}" if failures else ""),
+            not failures,
+        )
+    ]
+
+
 def print_table(outcomes: list[Outcome]) -> None:
     width = max(len(o.fault) for o in outcomes)
     print(f"\n{'scenario':<10} {'fault':<{width}}  {'ok':<4} behaviour")
@@ -391,7 +512,7 @@ def print_table(outcomes: list[Outcome]) -> None:
     print(f"\n{sum(o.ok for o in outcomes)} of {len(outcomes)} faults survived as intended")
 
 
-SCENARIOS = ("kill", "sigint", "corrupt", "disk_full", "server", "nan")
+SCENARIOS = ("configs", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
 
 
 def main() -> int:
@@ -413,6 +534,7 @@ def main() -> int:
         print(f"reference run: {STEPS} steps in {duration:.0f} s", flush=True)
         outcomes: list[Outcome] = []
         runners = {
+            "configs": lambda: configs_scenario(work),
             "kill": lambda: kill_scenario(work, reference, args.seed, duration),
             "sigint": lambda: sigint_scenario(work, reference),
             "corrupt": lambda: corrupt_scenario(work, reference),
