@@ -115,12 +115,18 @@ def _rewards_list(args: argparse.Namespace) -> None:
         print(f"{row.name:<{width}}  {row.modality:<8}  {row.source:<10}  {row.weights}")
 
 
+#: the reward server's limits (``rewards.server.Limits``), each a ``--max-...`` flag
+LIMIT_FLAGS = ("max_body_bytes", "max_items", "max_frames", "max_pixels", "max_total_pixels", "max_in_flight")
+
+
 def _reward_server(args: argparse.Namespace) -> None:
     from rewards import build_reward
-    from rewards.server import serve
+    from rewards.server import Limits, serve
 
+    limits = Limits(**{key: getattr(args, key) for key in LIMIT_FLAGS if getattr(args, key) is not None})
     _working_directory_on_path()
-    serve(args.reward, build_reward(args.reward, **_parse_settings(args.setting)), args.host, args.port)
+    reward = build_reward(args.reward, **_parse_settings(args.setting))
+    serve(args.reward, reward, args.host, args.port, limits, args.docs)
 
 
 def _working_directory_on_path() -> None:
@@ -202,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"
     )
     server.add_argument("--port", type=int, default=8700)
+    limits = {
+        "max_body_bytes": "largest request body in bytes (default 64 MiB); larger: HTTP 413",
+        "max_items": "images or videos per request (default 64)",
+        "max_frames": "frames per video (default 128)",
+        "max_pixels": "width x height of one image or frame (default 2048*2048)",
+        "max_total_pixels": "width x height summed over one request (default 32*1024*1024)",
+        "max_in_flight": "requests read, decoded or scored at once; more get HTTP 503 (default 8)",
+    }
+    for key, text in limits.items():
+        server.add_argument(f"--{key.replace('_', '-')}", type=int, help=text)
+    server.add_argument("--docs", action="store_true", help="serve FastAPI's /docs, /redoc and /openapi.json")
     server.set_defaults(run=_reward_server)
 
     pretrain = commands.add_parser(

@@ -25,7 +25,6 @@ by :func:`load_config` before any model loads; what needs the process count
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,50 +355,3 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     backend_class(config.model.backend).check(config)
     config.algorithm.check(config)
-
-
-# --- resuming -----------------------------------------------------------------------------------
-
-#: keys a resumed run may change: how long it runs and how it reports; any other change (the learning
-#: rate, the reward, the algorithm, ...) would mix two runs' histories in one folder and is refused
-RESUME_MUTABLE_KEYS = (
-    "resume",
-    "training.steps",
-    "training.threads",
-    "training.max_consecutive_skips",
-    "logging.output_dir",
-    "logging.tracker",
-    "logging.progress",
-    "logging.sample_every",
-    "logging.checkpoint_every",
-    "logging.keep_checkpoints",
-    "evaluation.every",
-)
-
-
-def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and key != "rewards":
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def check_resume_changes(saved: dict[str, Any], config: TrainConfig, checkpoint: str) -> None:
-    """Refuse to resume ``checkpoint`` (whose manifest recorded ``saved``) under a config that changed
-    anything but :data:`RESUME_MUTABLE_KEYS`; the error lists each change."""
-    current = _flatten(json.loads(json.dumps(config.to_dict())))
-    before = _flatten(saved)
-    changed = [
-        f"{key}: {before.get(key)!r} -> {current.get(key)!r}"
-        for key in sorted(set(current) | set(before))
-        if key not in RESUME_MUTABLE_KEYS and before.get(key) != current.get(key)
-    ]
-    if changed:
-        raise ConfigError(
-            f"resume: the config differs from the one checkpoint {checkpoint} was trained with "
-            f"({'; '.join(changed)}); a resumed run may change only {list(RESUME_MUTABLE_KEYS)}. "
-            "Undo the change, or start a new run in another logging.output_dir"
-        )

@@ -1,7 +1,9 @@
-"""The run folder's guards: a new run never writes into another run's folder, and nothing non-finite is saved."""
+"""The run folder's guards: a new run never writes into another run's folder, a resumed run never changes what
+it was trained with, and nothing non-finite is saved."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,3 +49,48 @@ def non_finite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
         ):
             bad.append(name)
     return bad
+
+
+#: keys a resumed run may change: how long it runs and how it reports; any other change (the learning
+#: rate, the reward, the algorithm, ...) would mix two runs' histories in one folder and is refused
+RESUME_MUTABLE_KEYS = (
+    "resume",
+    "training.steps",
+    "training.threads",
+    "training.max_consecutive_skips",
+    "logging.output_dir",
+    "logging.tracker",
+    "logging.progress",
+    "logging.sample_every",
+    "logging.checkpoint_every",
+    "logging.keep_checkpoints",
+    "evaluation.every",
+)
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and key != "rewards":
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_resume_changes(saved: dict[str, Any], config: dict[str, Any], checkpoint: str) -> None:
+    """Refuse to resume ``checkpoint`` (whose manifest recorded ``saved``) under a ``config`` (as a plain
+    mapping) that changed anything but :data:`RESUME_MUTABLE_KEYS`; the error lists each change."""
+    current = _flatten(json.loads(json.dumps(config)))
+    before = _flatten(saved)
+    changed = [
+        f"{key}: {before.get(key)!r} -> {current.get(key)!r}"
+        for key in sorted(set(current) | set(before))
+        if key not in RESUME_MUTABLE_KEYS and before.get(key) != current.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"resume: the config differs from the one checkpoint {checkpoint} was trained with "
+            f"({'; '.join(changed)}); a resumed run may change only {list(RESUME_MUTABLE_KEYS)}. "
+            "Undo the change, or start a new run in another logging.output_dir"
+        )

@@ -53,13 +53,13 @@ from flowrl.checkpoint import (
     resumable_checkpoint,
     write_checkpoint,
 )
-from flowrl.config import ConfigError, TrainConfig, check_resume_changes
+from flowrl.config import ConfigError, TrainConfig
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
-from flowrl.run_folder import check_output_dir, non_finite_tensors
+from flowrl.run_folder import check_output_dir, check_resume_changes, non_finite_tensors
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward, SkippedBatch
@@ -261,7 +261,7 @@ class Trainer:
             return None
         saved = checkpoint_config(path)
         if saved is not None:
-            check_resume_changes(saved, self.config, str(path))
+            check_resume_changes(saved, self.config.to_dict(), str(path))
         return path
 
     def resume(self) -> None:

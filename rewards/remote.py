@@ -3,13 +3,23 @@
 Protocol (version 1), media as base64-encoded 8-bit PNG, never pickle:
 
     GET  /health -> {"status": "ok", "reward": NAME, "modality": "image" | "video", "protocol": 1}
-    POST /score  {"prompts": [str], "metadata": [object],
+    POST /score  {"prompts": [str], "metadata": [object],   (metadata optional: one {} per item)
                   "images": [png_b64]                       (image rewards)
                   | "videos": [[png_b64 per frame]]}        (video rewards)
              -> {"scores": {label: [float]}}     one list per sub-score, one value per item
-             -> 400 {"error": message}           malformed request, wrong modality
-             -> 422 {"error": message}           the reward broke its contract (NaN, shape)
-             -> 503 {"error": message}           the reward raised (may be transient)
+             -> 400 {"error": message}   malformed request: not JSON, wrong types (a prompt that is
+                                         not a string, metadata that are not objects), lengths that
+                                         differ, media that are not PNG or differ in size, the wrong
+                                         modality
+             -> 413 {"error": message}   over one of the server's limits (body bytes, items, frames,
+                                         pixels per image or per request); send smaller batches
+             -> 422 {"error": message}   the reward broke its contract (NaN, wrong shape)
+             -> 500 {"error": message}   the reward raised (a bug, or input it cannot score)
+             -> 503 {"error": message}   transient: the reward ran out of memory, or the server is busy
+
+Only 503 (and a gateway's 502/504, a refused connection, a timeout) is worth
+retrying; every other error answer is final. Error messages are short and
+never echo the request.
 
 The reference server is ``flowrl reward-server`` (``rewards.server``); any
 other service speaking this protocol works too, e.g. ImageReward in its own
@@ -21,7 +31,7 @@ from __future__ import annotations
 import base64
 import io
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -34,6 +44,8 @@ from rewards.base import RewardError, checked_scores
 PROTOCOL_VERSION = 1
 #: HTTP answers worth retrying: a gateway or the reward is (perhaps briefly) unavailable.
 RETRIED_STATUSES = (502, 503, 504)
+#: Transport failures worth retrying: the server is down, restarting or slow.
+RETRIED_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
 def encode_image(image: torch.Tensor) -> str:
@@ -46,11 +58,21 @@ def encode_image(image: torch.Tensor) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def decode_image(data: str) -> torch.Tensor:
-    """base64 PNG -> ``[3, H, W]`` float32 in [0, 1]."""
-    with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as image:
+def open_png(data: str) -> Image.Image:
+    """A base64 PNG opened lazily: its header (size, mode) is read, its pixels are not decoded yet."""
+    return Image.open(io.BytesIO(base64.b64decode(data, validate=True)), formats=["PNG"])
+
+
+def image_tensor(image: Image.Image) -> torch.Tensor:
+    """Decode an opened image (and close it) -> ``[3, H, W]`` float32 in [0, 1]."""
+    with image:
         pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def decode_image(data: str) -> torch.Tensor:
+    """base64 PNG -> ``[3, H, W]`` float32 in [0, 1] (no size limit: servers check ``open_png`` first)."""
+    return image_tensor(open_png(data))
 
 
 def encode_media(media: torch.Tensor, modality: str) -> dict[str, list]:
@@ -60,25 +82,38 @@ def encode_media(media: torch.Tensor, modality: str) -> dict[str, list]:
     return {"videos": [[encode_image(frame) for frame in video] for video in media]}
 
 
-def decode_media(body: Mapping[str, Any]) -> tuple[torch.Tensor, str]:
-    """``(media, modality)`` from a ``/score`` request body."""
-    if "images" in body:
-        return torch.stack([decode_image(item) for item in body["images"]]), "image"
-    if "videos" in body:
-        return torch.stack(
-            [torch.stack([decode_image(f) for f in video]) for video in body["videos"]]
-        ), "video"
-    raise ValueError("request needs 'images' or 'videos'")
+def backoff_delays(first: float, cap: float) -> Iterator[float]:
+    """Seconds to wait before each retry: ``first``, doubling, at most ``cap``, forever."""
+    delay = min(first, cap)
+    while True:
+        yield delay
+        delay = min(2 * delay, cap)
+
+
+class _Transient(Exception):
+    """A failure worth retrying (connection, timeout, HTTP 502/503/504)."""
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"RemoteReward {name}={value!r}; allowed: {allowed}")
 
 
 class RemoteReward:
-    """Client of a reward server: batching, a timeout per request, bounded retries with backoff.
+    """Client of a reward server: batching, a timeout per request, retries with backoff within a patience.
 
-    Transient failures (connection errors, timeouts, HTTP 502/503/504) are
-    retried ``retries`` times with exponential backoff (``backoff * 2^k``
-    seconds); any other error answer, or a server that stays down, is a
-    :class:`~rewards.base.RewardError`. Use it as a context manager (or call
-    :meth:`close`) to release its connections.
+    At construction the server's ``/health`` is checked (for up to
+    ``startup_patience`` seconds; ``None`` skips it): an unreachable server,
+    or one serving another modality or protocol version, is a one-line
+    :class:`~rewards.base.RewardError` at once rather than at the first batch.
+
+    Transient failures (refused connections, timeouts, HTTP 502/503/504) are
+    retried until ``patience`` seconds have passed since the first attempt,
+    waiting ``backoff`` seconds, doubling up to ``max_backoff``, between
+    attempts; the default (5 minutes) outlasts a server restart. Any other
+    error answer (400, 413, 422, 500) is final: a :class:`RewardError` at
+    once. Use it as a context manager (or call :meth:`close`) to release its
+    connections.
     """
 
     def __init__(
@@ -87,19 +122,35 @@ class RemoteReward:
         modality: str = "image",
         batch_size: int = 32,
         timeout: float = 60.0,
-        retries: int = 3,
+        patience: float = 300.0,
         backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        startup_patience: float | None = 30.0,
     ) -> None:
-        if modality not in ("image", "video"):
-            raise ValueError(f"unknown modality {modality!r}; allowed: 'image', 'video'")
-        if batch_size < 1 or retries < 0 or timeout <= 0:
-            raise ValueError(
-                f"need batch_size >= 1, retries >= 0, timeout > 0; got {batch_size}, {retries}, {timeout}"
-            )
+        _require(modality in ("image", "video"), "modality", modality, "'image', 'video'")
+        _require(batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
+        _require(timeout > 0, "timeout", timeout, "seconds > 0")
+        _require(patience >= 0, "patience", patience, "seconds >= 0")
+        _require(
+            0 < backoff <= max_backoff, "backoff", backoff, f"seconds > 0 and <= max_backoff ({max_backoff})"
+        )
+        _require(
+            startup_patience is None or startup_patience >= 0,
+            "startup_patience",
+            startup_patience,
+            "seconds >= 0, or None to skip the start-up health check",
+        )
         self.url = url.rstrip("/")
         self.modality = modality
-        self.batch_size, self.retries, self.backoff = batch_size, retries, backoff
+        self.batch_size, self.patience = batch_size, patience
+        self.backoff, self.max_backoff = backoff, max_backoff
         self.client = httpx.Client(timeout=timeout)
+        if startup_patience is not None:
+            try:
+                self._check_health(startup_patience)
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -113,29 +164,67 @@ class RemoteReward:
 
     def health(self) -> dict[str, Any]:
         """The server's ``/health`` answer."""
-        return self._request("GET", "/health", None)
+        return self._request("GET", "/health", None, self.patience)
 
-    def _request(self, method: str, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
-        last_error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+    def _check_health(self, patience: float) -> None:
+        """Raise :class:`RewardError` unless the server answers ``/health`` for this client's modality and protocol."""
+        answer = self._request("GET", "/health", None, patience)
+        if not isinstance(answer, dict) or answer.get("status") != "ok":
+            raise RewardError(
+                f"reward server {self.url} answered /health with {str(answer)[:200]!r}, not 'ok'"
+            )
+        if answer.get("protocol") != PROTOCOL_VERSION:
+            raise RewardError(
+                f"reward server {self.url} speaks protocol {answer.get('protocol')!r}; this client speaks {PROTOCOL_VERSION}"
+            )
+        if answer.get("modality") != self.modality:
+            raise RewardError(
+                f"reward server {self.url} serves {answer.get('reward')!r} on {answer.get('modality')!r} media; "
+                f"this client has modality={self.modality!r}"
+            )
+
+    def _request(self, method: str, path: str, body: Mapping[str, Any] | None, patience: float) -> Any:
+        """The JSON answer, retrying transient failures with backoff for up to ``patience`` seconds."""
+        start = time.monotonic()
+        delays = backoff_delays(self.backoff, self.max_backoff)
+        attempts = 0
+        while True:
+            attempts += 1
             try:
-                response = self.client.request(method, self.url + path, json=body)
-            except httpx.TransportError as error:
-                last_error = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code in RETRIED_STATUSES:
-                last_error = f"HTTP {response.status_code}: {response.text[:500]}"
-                continue
-            if response.status_code >= 400:
+                return self._attempt(method, path, body)
+            except _Transient as error:
+                last_error = str(error)
+            waited = time.monotonic() - start
+            if waited >= patience:
                 raise RewardError(
-                    f"reward server {self.url} refused the request: HTTP {response.status_code}: {response.text[:500]}"
+                    f"reward server {self.url} did not answer {method} {path}: {attempts} attempts in "
+                    f"{waited:.1f} s (patience {patience:g} s); last error: {last_error}"
                 )
+            time.sleep(min(next(delays), patience - waited))
+
+    def _attempt(self, method: str, path: str, body: Mapping[str, Any] | None) -> Any:
+        """One request: its JSON answer, :class:`_Transient` if worth retrying, else :class:`RewardError`."""
+        try:
+            response = self.client.request(method, self.url + path, json=body)
+        except RETRIED_ERRORS as error:
+            raise _Transient(f"{type(error).__name__}: {error}") from error
+        except (httpx.TransportError, httpx.InvalidURL) as error:
+            raise RewardError(
+                f"reward server {self.url} cannot be reached: {type(error).__name__}: {error}"
+            ) from error
+        if response.status_code in RETRIED_STATUSES:
+            raise _Transient(f"HTTP {response.status_code}: {response.text[:500]}")
+        if response.status_code >= 400:
+            raise RewardError(
+                f"reward server {self.url} refused the request: HTTP {response.status_code}: {response.text[:500]}"
+            )
+        try:
             return response.json()
-        raise RewardError(
-            f"reward server {self.url}{path} failed {self.retries + 1} times; last error: {last_error}"
-        )
+        except ValueError as error:
+            raise RewardError(
+                f"reward server {self.url}{path} answered HTTP {response.status_code} with a body that is not JSON: "
+                f"{response.text[:200]!r}"
+            ) from error
 
     def __call__(
         self, media: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
@@ -150,8 +239,8 @@ class RemoteReward:
                 "metadata": [dict(meta) for meta in metadata[start:stop]],
                 **encode_media(media[start:stop], self.modality),
             }
-            answer = self._request("POST", "/score", body)
-            if "scores" not in answer:
+            answer = self._request("POST", "/score", body, self.patience)
+            if not isinstance(answer, dict) or not isinstance(answer.get("scores"), dict):
                 raise RewardError(f"reward server {self.url} answered without 'scores': {str(answer)[:200]}")
             scores = {
                 key: torch.tensor(values, dtype=torch.float32) for key, values in answer["scores"].items()

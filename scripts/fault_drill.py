@@ -19,9 +19,14 @@ Scenarios (each compared with one uninterrupted reference run of the same config
              ``skip_batch`` and ``zero`` complete, counting what they absorbed
   configs    bad config files and overrides through ``flowrl train`` (in process): each must be refused
              with exit status 2 and one line naming what was wrong, before any model loads
+  requests   malformed and oversized requests to ``flowrl reward-server``: each must be a quick 4xx that
+             does not echo its input, and the server must stay healthy
 
 Writes ``--out`` (JSON) beside the printed table. Run it alone: it times nothing, but its processes
 need the CPU.
+
+Longer than 400 lines on purpose: one function per scenario, with the bad inputs listed in full, read
+top to bottom like the table it prints.
 """
 
 from __future__ import annotations
@@ -504,6 +509,141 @@ def configs_scenario(work: Path) -> list[Outcome]:
     ]
 
 
+def _png(width: int, height: int, kind: str = "PNG") -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height)).save(buffer, format=kind)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def bad_requests() -> list[tuple[str, str, str, bytes, dict[str, str]]]:
+    """``(what, method, path, body, headers)`` of requests the reward server must refuse."""
+    small, marker = _png(32, 32), "ECHO-MARKER"
+    ok = {"prompts": ["a red circle"], "metadata": [{}], "images": [small]}
+
+    def body(**changes: object) -> bytes:
+        return json.dumps({**ok, **changes}).encode()
+
+    plain = {"content-type": "application/json"}
+    return [
+        (
+            "150 MB announced, 20 bytes sent",
+            "POST",
+            "/score",
+            b"{}" * 10,
+            {**plain, "content-length": str(150 << 20)},
+        ),
+        ("a 70 MB body", "POST", "/score", (marker * (70 << 20 // len(marker)))[: 70 << 20].encode(), plain),
+        ("an 8000x8000 PNG", "POST", "/score", body(images=[_png(8000, 8000)]), plain),
+        (
+            "100 images",
+            "POST",
+            "/score",
+            body(images=[small] * 100, prompts=["p"] * 100, metadata=[{}] * 100),
+            plain,
+        ),
+        ("not JSON", "POST", "/score", f"{marker} not json".encode(), plain),
+        ("a JSON array", "POST", "/score", json.dumps([marker]).encode(), plain),
+        ("no media", "POST", "/score", json.dumps({"prompts": [marker], "metadata": [{}]}).encode(), plain),
+        ("media not base64", "POST", "/score", body(images=[marker + "!!"]), plain),
+        ("a JPEG", "POST", "/score", body(images=[_png(32, 32, "JPEG")]), plain),
+        ("metadata not objects", "POST", "/score", body(metadata=[marker]), plain),
+        ("prompts not strings", "POST", "/score", body(prompts=[[marker]]), plain),
+        ("2 prompts for 1 image", "POST", "/score", body(prompts=[marker, marker], metadata=[{}, {}]), plain),
+        (
+            "videos to an image reward",
+            "POST",
+            "/score",
+            json.dumps({**ok, "images": None, "videos": [[small]]}).encode(),
+            plain,
+        ),
+        ("images and videos", "POST", "/score", body(videos=[[small]]), plain),
+        (
+            "mixed image sizes",
+            "POST",
+            "/score",
+            body(images=[small, _png(48, 48)], prompts=["a", "b"], metadata=[{}, {}]),
+            plain,
+        ),
+        ("an empty batch", "POST", "/score", body(images=[], prompts=[], metadata=[]), plain),
+        (
+            "NaN in JSON",
+            "POST",
+            "/score",
+            b'{"prompts": [NaN], "metadata": [{}], "images": ["' + small.encode() + b'"]}',
+            plain,
+        ),
+        ("JSON nested 100000 deep", "POST", "/score", b"[" * 100_000 + b"]" * 100_000, plain),
+        ("GET /score", "GET", "/score", b"", {}),
+        ("/docs", "GET", "/docs", b"", {}),
+        ("/openapi.json", "GET", "/openapi.json", b"", {}),
+        ("an unknown path", "GET", f"/{marker}", b"", {}),
+    ]
+
+
+def _raw_request(port: int, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    """``(status, answer text)`` of one HTTP/1.1 request sent as given over a plain socket (a client
+    library would refuse a Content-Length that does not match its body)."""
+    lines = [f"{method} {path} HTTP/1.1", f"host: 127.0.0.1:{port}", "connection: close"]
+    fields = {"content-length": str(len(body)), **headers} if method == "POST" else headers
+    lines += [f"{key}: {value}" for key, value in fields.items()]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        try:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        except OSError:  # the server answered and closed before taking the whole body
+            pass
+        answer = b""
+        try:
+            while chunk := sock.recv(1 << 16):
+                answer += chunk
+        except OSError:
+            pass
+    head = answer.split(b"\r\n", 1)[0].split()
+    status = int(head[1]) if len(head) > 1 and head[1].isdigit() else 0
+    return status, answer.decode("latin-1")
+
+
+def requests_scenario(work: Path) -> list[Outcome]:
+    import httpx
+
+    port = _free_port()
+    server = _server(port)
+    url = f"http://127.0.0.1:{port}"
+    cases = bad_requests()
+    clean, failures, slowest = 0, [], 0.0
+    try:
+        for what, method, path, content, headers in cases:
+            start_time = time.perf_counter()
+            status, text = _raw_request(port, method, path, content, headers)
+            slowest = max(slowest, time.perf_counter() - start_time)
+            if 400 <= status < 500 and "ECHO-MARKER" not in text and len(text) < 2000:
+                clean += 1
+            else:
+                failures.append(f"{what}: {status} {text[-80:]!r}")
+        healthy = httpx.get(url + "/health").status_code == 200
+        from flowrl.shapes.grammar import shipped_prompts
+
+        record = shipped_prompts("test")[0]
+        good = {"prompts": [record["prompt"]], "metadata": [record], "images": [_png(32, 32)]}
+        scored = httpx.post(url + "/score", json=good, timeout=60).status_code
+    finally:
+        server.kill()
+    return [
+        Outcome(
+            "requests",
+            f"{len(cases)} malformed or oversized requests to the reward server",
+            f"{clean} answered 4xx without echoing input (slowest {slowest:.1f} s); server "
+            f"{'healthy' if healthy else 'DOWN'}, a good request then scored ({scored})"
+            + (f"; not clean: {failures}" if failures else ""),
+            not failures and healthy and scored == 200,
+        )
+    ]
+
+
 def print_table(outcomes: list[Outcome]) -> None:
     width = max(len(o.fault) for o in outcomes)
     print(f"\n{'scenario':<10} {'fault':<{width}}  {'ok':<4} behaviour")
@@ -512,7 +652,7 @@ def print_table(outcomes: list[Outcome]) -> None:
     print(f"\n{sum(o.ok for o in outcomes)} of {len(outcomes)} faults survived as intended")
 
 
-SCENARIOS = ("configs", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
+SCENARIOS = ("configs", "requests", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
 
 
 def main() -> int:
@@ -535,6 +675,7 @@ def main() -> int:
         outcomes: list[Outcome] = []
         runners = {
             "configs": lambda: configs_scenario(work),
+            "requests": lambda: requests_scenario(work),
             "kill": lambda: kill_scenario(work, reference, args.seed, duration),
             "sigint": lambda: sigint_scenario(work, reference),
             "corrupt": lambda: corrupt_scenario(work, reference),

@@ -1,17 +1,31 @@
-"""Remote rewards: the reference server and the client, on loopback, started and stopped inside each test."""
+"""Remote rewards: the reference server and the client, on loopback, started and stopped inside each test.
 
+Longer than 400 lines on purpose: every malformed, oversized or failing request the server must refuse
+is reproduced here the way it was found, next to the client behaviour it drives.
+"""
+
+import base64
+import io
+import itertools
+import json
+import re
 import socket
+import struct
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 
+import httpx
 import pytest
 import torch
 import uvicorn
+from fastapi import FastAPI
+from PIL import Image
 
 from rewards import RewardError, build_reward, score
-from rewards.remote import RemoteReward, decode_image, encode_image
-from rewards.server import create_app
+from rewards.remote import RemoteReward, backoff_delays, decode_image, encode_image, encode_media
+from rewards.server import Limits, create_app
 
 PROMPTS = ["a", "b", "c", "d", "e"]
 META = [{"i": i} for i in range(5)]
@@ -22,19 +36,51 @@ def quantized_images(batch=5):
     return (torch.rand(batch, 3, 24, 24, generator=torch.Generator().manual_seed(0)) * 255).round() / 255
 
 
-def bound_socket():
+def bound_socket(port=0):
     """A loopback socket already bound to a free port (no race with other processes picking the port)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     return sock
 
 
+def counting(reward, modality="image"):
+    """``reward`` that also counts its calls in ``.calls``."""
+
+    def counted(media, prompts, metadata):
+        counted.calls += 1
+        return reward(media, prompts, metadata)
+
+    counted.calls, counted.modality = 0, modality
+    return counted
+
+
+def mean_reward(media, prompts, metadata):
+    return media.mean(dim=tuple(range(1, media.ndim)))
+
+
+def score_body(images):
+    """A valid ``/score`` request body for a batch of images."""
+    return {
+        "prompts": PROMPTS[: len(images)],
+        "metadata": META[: len(images)],
+        **encode_media(images, "image"),
+    }
+
+
 @contextmanager
-def running_server(name, reward, sock=None):
+def running_server(name, reward, sock=None, **options):
+    """``create_app(name, reward, **options)`` served on loopback for the duration of the block."""
+    with running_app(create_app(name, reward, **options), sock) as url:
+        yield url
+
+
+@contextmanager
+def running_app(app, sock=None):
+    """``app`` served by uvicorn on loopback (on ``sock`` if given) for the duration of the block."""
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(name, reward), log_level="error"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 20
@@ -48,6 +94,47 @@ def running_server(name, reward, sock=None):
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def png_header(width, height):
+    """A PNG that declares ``width x height`` RGB pixels but holds almost none (decoding it fails)."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
+
+
+HUGE_PNG = base64.b64encode(png_header(8000, 8000)).decode("ascii")
+
+
+def raw_exchange(url, request):
+    """Send raw request bytes (perhaps only the start of the body), then read the answer: (status, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < content_length(answer):
+            chunk = conn.recv(65536)
+            assert chunk, f"connection closed after {answer!r}"
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def content_length(answer):
+    """The Content-Length of an answer whose head has arrived (0 until then)."""
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
 
 
 def test_png_round_trip_is_lossless_on_8_bit_images():
@@ -88,25 +175,47 @@ def test_video_rewards_are_served():
     torch.testing.assert_close(scores["temporal_consistency"], reward(videos, PROMPTS[:2], META[:2]))
 
 
-def test_a_reward_that_fails_then_recovers_is_retried():
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("out of memory"),
+    ],
+)
+def test_a_reward_out_of_memory_is_a_503_retried_until_it_recovers(error):
     calls = {"n": 0}
 
     def flaky(media, prompts, metadata):
         calls["n"] += 1
         if calls["n"] <= 2:
-            raise RuntimeError("GPU busy")
+            raise error
         return media.mean(dim=(1, 2, 3))
 
     media = quantized_images()
     with running_server("flaky", flaky) as url:
-        with RemoteReward(url, retries=3, backoff=0.01) as client:
+        with RemoteReward(url, patience=20, backoff=0.01) as client:
             scores = client(media, PROMPTS, META)
         assert calls["n"] == 3
         torch.testing.assert_close(scores["flaky"], media.mean(dim=(1, 2, 3)))
-        calls["n"] = -10
-        with RemoteReward(url, retries=1, backoff=0.01) as client:
-            with pytest.raises(RewardError, match=r"failed 2 times; last error: HTTP 503.*GPU busy"):
+        calls["n"] = -1000
+        with RemoteReward(url, patience=0.2, backoff=0.01) as client:
+            with pytest.raises(
+                RewardError, match=r"did not answer POST /score: \d+ attempts.*HTTP 503.*out of memory"
+            ):
                 client(media, PROMPTS, META)
+
+
+def test_a_reward_that_raises_is_a_500_and_not_retried():
+    def broken(media, prompts, metadata):
+        raise ValueError("no such key 'color'")
+
+    reward = counting(broken)
+    with running_server("broken", reward) as url, RemoteReward(url, patience=30, backoff=0.01) as client:
+        with pytest.raises(
+            RewardError, match=r"HTTP 500.*reward 'broken' raised ValueError: no such key 'color'"
+        ):
+            client(quantized_images(), PROMPTS, META)
+    assert reward.calls == 1
 
 
 def test_a_server_that_comes_up_late_is_retried_until_it_answers():
@@ -124,15 +233,42 @@ def test_a_server_that_comes_up_late_is_retried_until_it_answers():
     starter = threading.Thread(target=start_later, daemon=True)
     starter.start()
     media = quantized_images()
-    with RemoteReward(url, retries=8, backoff=0.05) as client:
+    with RemoteReward(url, patience=20, backoff=0.05, startup_patience=None) as client:
         with pytest.raises(RewardError, match="ConnectError"):
-            with RemoteReward(url, retries=0) as probe:
-                probe.health()
+            RemoteReward(url, startup_patience=0)
         started.set()  # the server starts while the client is backing off
         scores = client(media, PROMPTS, META)
     served.set()
     starter.join(timeout=15)
     assert torch.equal(scores["jpeg_incompressibility"], reward(media, PROMPTS, META))
+
+
+def test_the_client_outlasts_a_server_restart():
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    first, second = counting(mean_reward), counting(mean_reward)
+    media = quantized_images()
+    restarted, done = threading.Event(), threading.Event()
+    with running_server("mean", first, sock) as url:
+        client = RemoteReward(url, patience=20, backoff=0.1, max_backoff=1.0)
+        before = client(media, PROMPTS, META)
+
+    def restart():  # the server is down now; it comes back on the same port 2 s later
+        time.sleep(2)
+        with running_server("mean", second, bound_socket(port)):
+            restarted.set()
+            done.wait(timeout=30)
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    restarter.start()
+    try:
+        with client:
+            after = client(media, PROMPTS, META)
+    finally:
+        done.set()
+        restarter.join(timeout=15)
+    assert restarted.is_set() and (first.calls, second.calls) == (1, 1)
+    assert torch.equal(before["mean"], after["mean"])
 
 
 def test_contract_errors_are_not_retried_and_reach_the_client():
@@ -144,20 +280,19 @@ def test_contract_errors_are_not_retried_and_reach_the_client():
 
     with (
         running_server("nan_reward", nan_reward) as url,
-        RemoteReward(url, retries=3, backoff=0.01) as client,
+        RemoteReward(url, patience=30, backoff=0.01) as client,
     ):
         with pytest.raises(RewardError, match="HTTP 422.*non-finite"):
             client(quantized_images(), PROMPTS, META)
         assert calls["n"] == 1
-        with pytest.raises(RewardError, match="HTTP 400.*takes image media"):
-            RemoteReward(url, modality="video", retries=0)(
-                quantized_images(6).view(2, 3, 3, 24, 24), PROMPTS[:2], META[:2]
-            )
+        with RemoteReward(url, modality="video", startup_patience=None) as video_client:
+            with pytest.raises(RewardError, match="HTTP 400.*takes image media"):
+                video_client(quantized_images(6).view(2, 3, 3, 24, 24), PROMPTS[:2], META[:2])
         with pytest.raises(RewardError, match="empty batch"):
             client(quantized_images(0), [], [])
 
 
-def test_health_answers_while_a_batch_is_being_scored():
+def test_health_and_refusals_answer_while_a_batch_is_being_scored():
     entered, release = threading.Event(), threading.Event()
 
     def slow(media, prompts, metadata):
@@ -170,11 +305,47 @@ def test_health_answers_while_a_batch_is_being_scored():
         scorer = threading.Thread(target=lambda: result.update(client(quantized_images(), PROMPTS, META)))
         scorer.start()
         assert entered.wait(timeout=20)
-        with RemoteReward(url, timeout=5, retries=0) as probe:
+        with RemoteReward(url, timeout=5, patience=0) as probe:
             assert probe.health()["reward"] == "slow"  # the event loop is not blocked by scoring
+        # checking a request does not wait for the scoring lock, which the slow reward holds
+        refused = httpx.post(url + "/score", json={"prompts": ["a"], "images": [HUGE_PNG]}, timeout=5)
+        assert refused.status_code == 413
         release.set()
         scorer.join(timeout=20)
     assert result["slow"].shape == (5,)
+
+
+def test_a_busy_server_answers_503_and_the_client_retries():
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(media, prompts, metadata):
+        entered.set()
+        release.wait(timeout=20)
+        return media.mean(dim=(1, 2, 3))
+
+    reward = counting(slow)
+    results = []
+    media = quantized_images()
+    with running_server("slow", reward, limits=Limits(max_in_flight=1)) as url:
+        clients = [
+            RemoteReward(url, timeout=30, patience=20, backoff=0.05, max_backoff=0.2) for _ in range(2)
+        ]
+        scorers = [
+            threading.Thread(target=lambda c=c: results.append(c(media, PROMPTS, META))) for c in clients
+        ]
+        scorers[0].start()
+        assert entered.wait(timeout=20)
+        busy = httpx.post(url + "/score", json=score_body(media), timeout=5)
+        assert busy.status_code == 503
+        assert busy.json() == {"error": "busy: max_in_flight=1 requests in progress; retry later"}
+        scorers[1].start()  # refused while the first is scored, it retries until a slot is free
+        time.sleep(0.3)
+        release.set()
+        for scorer in scorers:
+            scorer.join(timeout=30)
+        for client in clients:
+            client.close()
+    assert reward.calls == 2 and len(results) == 2
 
 
 def test_a_server_that_never_answers_times_out_and_is_reported():
@@ -182,19 +353,172 @@ def test_a_server_that_never_answers_times_out_and_is_reported():
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)  # accepts connections, never answers
     port = listener.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
     try:
-        with RemoteReward(f"http://127.0.0.1:{port}", timeout=0.3, retries=2, backoff=0.01) as client:
-            with pytest.raises(RewardError, match=r"failed 3 times; last error: ReadTimeout"):
+        with RemoteReward(url, timeout=0.3, patience=0.5, backoff=0.01, startup_patience=None) as client:
+            with pytest.raises(RewardError, match=r"did not answer POST /score: \d+ attempts.*ReadTimeout"):
                 client(quantized_images(1), PROMPTS[:1], META[:1])
     finally:
         listener.close()
 
 
-def test_a_server_that_is_down_is_reported():
+def test_a_dead_url_fails_the_start_up_health_check_quickly():
     sock = bound_socket()  # bound, never listening
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    started = time.monotonic()
     try:
-        with RemoteReward(f"http://127.0.0.1:{sock.getsockname()[1]}", retries=1, backoff=0.01) as client:
-            with pytest.raises(RewardError, match="ConnectError"):
-                client.health()
+        with pytest.raises(
+            RewardError,
+            match=rf"^reward server {url} did not answer GET /health: \d+ attempts in [\d.]+ s "
+            r"\(patience 0.5 s\); last error: ConnectError",
+        ):
+            RemoteReward(url, startup_patience=0.5, backoff=0.1)
     finally:
         sock.close()
+    assert time.monotonic() - started < 10  # sanity: the start-up patience, not the 300 s of scoring
+
+
+def test_the_start_up_health_check_refuses_another_modality_or_protocol():
+    with running_server("mean", mean_reward) as url:
+        with pytest.raises(
+            RewardError, match="serves 'mean' on 'image' media; this client has modality='video'"
+        ):
+            RemoteReward(url, modality="video")
+    other = FastAPI()
+
+    @other.get("/health")
+    def health():
+        return {"status": "ok", "reward": "mean", "modality": "image", "protocol": 2}
+
+    with running_app(other) as url:
+        with pytest.raises(RewardError, match="speaks protocol 2; this client speaks 1"):
+            RemoteReward(url)
+    with running_app(FastAPI()) as url:
+        with pytest.raises(RewardError, match="refused the request: HTTP 404"):
+            RemoteReward(url)
+
+
+def test_an_oversized_body_is_refused_before_it_is_read():
+    reward = counting(mean_reward)
+    head = b"POST /score HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    start = b'{"prompts": ["SECRET'
+    with running_server("mean", reward, limits=Limits(max_body_bytes=1000)) as url:
+        # 150 MB announced, 20 bytes sent: the answer cannot have waited for the body
+        status, body = raw_exchange(url, head + b"Content-Length: 150000000\r\n\r\n" + start)
+        assert status == 413 and b"max_body_bytes=1000" in body and b"SECRET" not in body
+        # no length announced: refused once 1000 bytes have arrived, the body still unfinished
+        part = start + b"x" * 2000
+        status, body = raw_exchange(
+            url, head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(part), part)
+        )
+        assert status == 413 and b"max_body_bytes=1000" in body and b"SECRET" not in body
+        started = time.monotonic()
+        with RemoteReward(url, patience=60) as client:
+            with pytest.raises(RewardError, match=r"HTTP 413.*max_body_bytes=1000"):
+                client(quantized_images(), PROMPTS, META)
+        assert time.monotonic() - started < 30  # sanity: refused at once, not retried for the patience
+    assert reward.calls == 0
+
+
+@pytest.mark.parametrize(
+    "side, message",
+    [
+        (8000, "images[0] is 8000x8000 pixels; this server's max_pixels=4194304"),
+        (30000, "images[0] is over this server's max_pixels=4194304: Image size (900000000 pixels) exceeds"),
+    ],
+)
+def test_a_png_with_too_many_pixels_is_refused_before_decoding(side, message):
+    reward = counting(mean_reward)
+    huge = base64.b64encode(png_header(side, side)).decode("ascii")
+    with running_server("mean", reward) as url:
+        answer = httpx.post(url + "/score", json={"prompts": ["a"], "images": [huge]}, timeout=30)
+    # decoding would have failed (the PNG holds 64 bytes of pixels): 413 means only the header was read
+    assert answer.status_code == 413 and answer.json()["error"].startswith(message)
+    assert reward.calls == 0
+
+
+@pytest.mark.parametrize(
+    "limits, modality, message",
+    [
+        (Limits(max_items=4), "image", "5 items; this server's max_items=4"),
+        (Limits(max_frames=2), "video", "3 frames per video; this server's max_frames=2"),
+        (Limits(max_pixels=500), "image", "images[0] is 24x24 pixels; this server's max_pixels=500"),
+        (Limits(max_pixels=500), "video", "videos[0][0] is 24x24 pixels; this server's max_pixels=500"),
+        (Limits(max_total_pixels=2000), "image", "2880 pixels in all; this server's max_total_pixels=2000"),
+    ],
+)
+def test_batches_over_the_limits_are_refused(limits, modality, message):
+    reward = counting(mean_reward, modality)
+    media = quantized_images() if modality == "image" else quantized_images(6).view(2, 3, 3, 24, 24)
+    with running_server("mean", reward, limits=limits) as url, RemoteReward(url, modality=modality) as client:
+        with pytest.raises(RewardError, match=r"HTTP 413: .*" + re.escape(message)):
+            client(media, PROMPTS[: media.shape[0]], META[: media.shape[0]])
+    assert reward.calls == 0
+
+
+def jpeg_b64():
+    buffer = io.BytesIO()
+    Image.new("RGB", (24, 24)).save(buffer, format="JPEG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"metadata": [1, 2, 3, 4, 5]}, "bad request: metadata.0: Input should be an object"),
+        ({"metadata": META[:4]}, "5 media, 5 prompts and 4 metadata entries"),
+        ({"prompts": [1, "b", "c", "d", "e"]}, "bad request: prompts.0: Input should be a valid string"),
+        ({"videos": [["a"]] * 5}, "bad request: needs exactly one of 'images' or 'videos'"),
+        ({"images": ["not a png"] * 5}, "images[0] is not a base64 PNG: Error"),
+        ({"images": [jpeg_b64()] * 5}, "images[0] is not a base64 PNG: UnidentifiedImageError"),
+        (
+            {"images": [encode_image(torch.zeros(3, 8, 8))] * 4 + [encode_image(torch.zeros(3, 8, 9))]},
+            "media need one size",
+        ),
+    ],
+)
+def test_malformed_requests_are_400_and_the_reward_is_not_called(change, message):
+    reward = counting(mean_reward)
+    with running_server("mean", reward) as url:
+        answer = httpx.post(url + "/score", json={**score_body(quantized_images()), **change}, timeout=30)
+    assert answer.status_code == 400 and answer.json()["error"].startswith(message)
+    assert reward.calls == 0
+
+
+def test_error_answers_never_echo_the_request():
+    filler = "x" * (20 * 2**20)
+    bodies = [
+        '{"prompts": ["' + filler,  # invalid JSON
+        json.dumps({"prompts": [{"text": filler}], "images": ["a"]}),  # a prompt that is not a string
+        json.dumps({"prompts": ["a"], "metadata": [filler], "images": ["a"]}),  # metadata not an object
+        json.dumps({"prompts": ["a"], "images": [filler]}),  # not a PNG
+    ]
+    reward = counting(mean_reward)
+    with running_server("mean", reward) as url:
+        for body in bodies:
+            answer = httpx.post(url + "/score", content=body, timeout=60)
+            assert answer.status_code == 400
+            assert len(answer.content) < 600 and "xxxxxxxxxx" not in answer.text
+    assert reward.calls == 0
+
+
+def test_api_docs_are_off_unless_asked_for():
+    paths = ("/docs", "/redoc", "/openapi.json")
+    with running_server("mean", mean_reward) as url:
+        assert [httpx.get(url + path).status_code for path in paths] == [404, 404, 404]
+    with running_server("mean", mean_reward, docs=True) as url:
+        assert [httpx.get(url + path).status_code for path in paths] == [200, 200, 200]
+        assert "prompts" in json.dumps(httpx.get(url + "/openapi.json").json()["paths"]["/score"])
+
+
+def test_backoff_doubles_up_to_its_cap():
+    assert list(itertools.islice(backoff_delays(0.5, 10.0), 7)) == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+def test_bad_settings_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"^RemoteReward patience=-1; allowed: seconds >= 0$"):
+        RemoteReward("http://127.0.0.1:1", patience=-1)
+    with pytest.raises(ValueError, match=r"^RemoteReward startup_patience=-2"):
+        RemoteReward("http://127.0.0.1:1", startup_patience=-2)
+    with pytest.raises(ValueError, match=r"^Limits.max_items=0; allowed: an integer >= 1$"):
+        Limits(max_items=0)
