@@ -3,8 +3,9 @@
 
 Each command imports what it needs when it runs (torch and the models take
 seconds), so ``flowrl --help`` and ``--version`` answer at once. Bad input is
-one line on stderr (exit status 2); a failure during a run is one line too
-(exit status 1); Ctrl-C during training exits with 130 and says how to resume.
+one line on stderr (exit status 2); a failure during a run (a reward, non-finite
+training, a full disk) is one line too (exit status 1); Ctrl-C during training
+exits with 130 and says how to resume.
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, CheckpointError) as error:
         _print_once(f"flowrl {args.command}: error: {error}")
         return 2
-    except (RewardError, FloatingPointError) as error:
+    except (RewardError, FloatingPointError, OSError) as error:  # OSError: e.g. the disk is full
         _print_once(f"flowrl {args.command}: failed: {error}")
         return 1
     return status or 0

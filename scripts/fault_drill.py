@@ -184,7 +184,11 @@ def sigint_scenario(work: Path, reference: Path) -> list[Outcome]:
     output = work / "sigint"
     process = start(output)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
+    while (
+        time.monotonic() < deadline
+        and process.poll() is None
+        and not list_checkpoints(output / "checkpoints")
+    ):
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
@@ -331,13 +335,17 @@ def server_scenario(work: Path, down_seconds: float) -> list[Outcome]:
     port = _free_port()
     server = _server(port)
     output = work / "server"
+    url = f"http://127.0.0.1:{port}"
     rewards = (
-        f"rewards={{verifier: {{reward: remote, key: partial, settings: {{url: 'http://127.0.0.1:{port}', "
-        "patience: 120}}}}"
+        f"rewards={{verifier: {{reward: remote, key: partial, settings: {{url: '{url}', patience: 120}}}}}}"
     )
     training = start(output, rewards)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
+    while (
+        time.monotonic() < deadline
+        and training.poll() is None
+        and not list_checkpoints(output / "checkpoints")
+    ):
         time.sleep(0.2)
     server.kill()
     server.wait()
