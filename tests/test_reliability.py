@@ -395,3 +395,18 @@ def test_a_config_error_in_a_two_process_launch_is_printed_once(tmp_path):
     )
     assert result.returncode != 0
     assert result.stderr.count("training.steps=0 is not allowed") == 1, result.stderr
+
+
+def test_a_full_disk_during_a_run_is_one_line_and_exit_1(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    real_save = torch.save
+
+    def disk_full(value, handle):
+        real_save(value, handle)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    argv = ["train", "configs/shapes_nft.yaml", *TINY_RUN, "training.steps=1", f"model.name={tiny_model_dir}"]
+    assert main([*argv, f"logging.output_dir={tmp_path / 'run'}"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("No space left on device") and len(error.splitlines()) == 1, error
+    assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
