@@ -7,6 +7,12 @@ rest. Forward hooks on the networks (trained, old, reference) and a timer
 around every backward give the time inside the model itself; the overhead is
 everything else: ``1 - (forward + backward) / step``.
 
+Then one more step runs with its FLOPs counted per phase (rollout, loss
+forward, loss backward, reward) and the matrix-multiply shapes each phase
+runs recorded; the roofline table sets each phase's achieved GFLOP/s (counted
+FLOPs over its median seconds) against a bare GEMM at the phase's own shapes
+and at 2048-cubed, measured in the same run (:mod:`roofline`).
+
     python scripts/bench_train.py --steps 4 --out outputs/bench_train.json [override ...]
 """
 
@@ -18,9 +24,11 @@ import resource
 import shutil
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
+from roofline import PhaseCounter, peak_gemm_rate, print_roofline, roofline_rows
 
 from flowrl.config import load_config
 from flowrl.policy import OLD, REFERENCE
@@ -100,7 +108,27 @@ def main() -> None:
                     "overhead_share": 1 - network / step_seconds,
                 }
             )
+        counter = PhaseCounter()
+        trainer.rollout_and_score = counter.count("rollout", trainer.rollout_and_score)
+        trainer.algorithm.loss = counter.count("loss forward", trainer.algorithm.loss)
+        trainer.accelerator.backward = counter.count("loss backward", trainer.accelerator.backward)
+        scorer.reward = counter.count("reward", trainer.reward)  # runs on the scorer's thread
+        trainer.step += 1
+        trainer.train_step(scorer)
     median = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    phase_seconds = {
+        "rollout": median["rollout"],
+        "loss forward": median["loss_backward"] - median["network_backward"],
+        "loss backward": median["network_backward"],
+    }
+    counted = {phase: counter.flops[phase] for phase in phase_seconds}
+    counted["training"] = counted["loss forward"] + counted["loss backward"]
+    phase_seconds["training"] = median["loss_backward"]
+    shapes = dict(counter.shapes)
+    shapes["training"] = counter.shapes.get("loss forward", Counter()) + counter.shapes.get(
+        "loss backward", Counter()
+    )
+    roofline = roofline_rows(counted, phase_seconds, shapes, peak_gemm_rate())
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak_cuda_mib = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
 
@@ -121,6 +149,8 @@ def main() -> None:
         f"peak memory: {peak_rss_mib:.0f} MiB RSS"
         + (f", {peak_cuda_mib:.0f} MiB CUDA" if peak_cuda_mib else "")
     )
+    print(f"\nroofline (reward: {counter.flops['reward'] / 1e9:.2f} GFLOP counted in torch per step)")
+    print_roofline(roofline)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -134,6 +164,8 @@ def main() -> None:
                 "steps": rows,
                 "peak_rss_mib": peak_rss_mib,
                 "peak_cuda_mib": peak_cuda_mib,
+                "reward_gflop": counter.flops["reward"] / 1e9,
+                "roofline": roofline,
             },
             indent=2,
         )
