@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
+from flowrl.busy import warn_if_busy
 from flowrl.checkpoint import (
     checkpoint_config,
     clean_temporaries,
@@ -542,6 +543,8 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         config, acc = self.config, self.accelerator
         if acc.is_main_process:
+            if acc.device.type == "cpu":
+                warn_if_busy(torch.get_num_threads(), "flowrl train")
             self.output_dir.mkdir(parents=True, exist_ok=True)
             for leftover in clean_temporaries(self.checkpoint_dir):
                 print(f"removed {leftover}, left by a checkpoint write that did not finish")
