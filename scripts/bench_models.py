@@ -29,9 +29,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from roofline import PhaseCounter, peak_gemm_rate, roofline_rows
 
 from flowrl.config import load_config
 from flowrl.testing import KINDS, save_tiny_pipeline
+from flowrl.trainer import Trainer
+from rewards import AsyncScorer
 
 #: the transformers' published configs (huggingface.co/<id>/blob/main/transformer/config.json)
 REAL_TRANSFORMERS = {
@@ -92,7 +95,6 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle above a red cir
 
 def worker(kind: str, lora: bool, checkpointing: bool, model_dir: str, work_dir: str, steps: int) -> dict:
     """Train ``steps`` NFT steps in this process; the JSON row of part 1."""
-    from flowrl.trainer import Trainer
 
     prompts = Path(work_dir) / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
@@ -132,6 +134,13 @@ def worker(kind: str, lora: bool, checkpointing: bool, model_dir: str, work_dir:
     from flowrl.run_log import read_metrics
 
     rows = read_metrics(Path(work_dir) / "run" / "metrics.jsonl")[1:]  # the first step warms up
+    roofline = counted_roofline(
+        trainer,
+        {
+            "rollout": statistics.median(row["time/rollout"] for row in rows),
+            "training": statistics.median(row["time/loss_backward"] for row in rows),
+        },
+    )
     if device.type == "cuda":
         peak = max(row["memory/peak_gb"] for row in rows)
     else:
@@ -151,7 +160,21 @@ def worker(kind: str, lora: bool, checkpointing: bool, model_dir: str, work_dir:
         "peak_memory_gib": peak,
         "memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else "CPU peak RSS rise",
         "device": str(device),
+        "roofline": roofline,
     }
+
+
+def counted_roofline(trainer: Trainer, seconds: dict[str, float]) -> list[dict]:
+    """One more step with its rollout and training (loss forward + backward) FLOPs counted, set against the
+    phases' median seconds and a bare GEMM at their shapes (:mod:`roofline`)."""
+    counter = PhaseCounter()
+    trainer.rollout_and_score = counter.count("rollout", trainer.rollout_and_score)
+    trainer.algorithm.loss = counter.count("training", trainer.algorithm.loss)
+    trainer.accelerator.backward = counter.count("training", trainer.accelerator.backward)
+    with AsyncScorer(trainer.reward) as scorer:
+        trainer.step += 1
+        trainer.train_step(scorer)
+    return roofline_rows(dict(counter.flops), seconds, counter.shapes, peak_gemm_rate())
 
 
 def _resident_gib() -> float:
@@ -189,6 +212,8 @@ def count_real_transformers() -> list[dict]:
                 "bf16_weights_gib": total * 2 / 2**30,
                 # full fine-tuning with AdamW in fp32: weights + gradients + two moments = 16 bytes/parameter
                 "full_ft_fp32_adamw_gib": total * 16 / 2**30,
+                # the same sharded by FSDP over 8 GPUs (flowrl's frozen old/reference copies are not sharded)
+                "full_ft_fsdp8_per_gpu_gib": total * 16 / 8 / 2**30,
                 "lora_fp32_adamw_gib": lora * 16 / 2**30,
             }
         )
@@ -206,14 +231,28 @@ def print_tables(measured: list[dict], counted: list[dict]) -> None:
             f"{row['peak_memory_gib']:>10.3f}"
         )
     print(f"(peak memory: {measured[0]['memory_kind']})")
+    print("\nroofline of the same runs: achieved GFLOP/s and share of a bare GEMM at the phase's own shapes")
+    print(
+        f"{'model':<10}{'training':<10}{'ckpt':<6}{'rollout':>9}{'of same':>9}{'training':>10}{'of same':>9}"
+    )
+    for row in measured:
+        phases = {line["phase"]: line for line in row["roofline"]}
+        print(
+            f"{row['model']:<10}{row['training']:<10}{'on' if row['gradient_checkpointing'] else 'off':<6}"
+            f"{phases['rollout']['achieved_gflops']:>9.1f}{phases['rollout']['of_same_shape']:>9.0%}"
+            f"{phases['training']['achieved_gflops']:>10.1f}{phases['training']['of_same_shape']:>9.0%}"
+        )
     print(
         f"\nPart 2 — real transformers, LoRA rank {LORA_RANK} on the attention projections (counted, no weights)"
     )
-    print(f"{'model':<42}{'params':>9}{'LoRA':>12}{'share':>8}{'bf16 GiB':>10}{'full AdamW GiB':>16}")
+    print(
+        f"{'model':<42}{'params':>9}{'LoRA':>12}{'share':>8}{'bf16 GiB':>10}{'full AdamW GiB':>16}{'FSDP x8 /GPU':>14}"
+    )
     for row in counted:
         print(
             f"{row['model']:<42}{row['transformer_parameters'] / 1e9:>8.2f}B{row['lora_trainable_parameters']:>12,}"
             f"{row['lora_share']:>8.2%}{row['bf16_weights_gib']:>10.1f}{row['full_ft_fp32_adamw_gib']:>16.1f}"
+            f"{row['full_ft_fsdp8_per_gpu_gib']:>14.1f}"
         )
 
 
