@@ -95,7 +95,6 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle above a red cir
 
 def worker(kind: str, lora: bool, checkpointing: bool, model_dir: str, work_dir: str, steps: int) -> dict:
     """Train ``steps`` NFT steps in this process; the JSON row of part 1."""
-
     prompts = Path(work_dir) / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     config = load_config(
