@@ -1,0 +1,234 @@
+"""flowrl against the reference trainers at equal work, interleaved, on one saved tiny SD3 pipeline.
+
+The equal-work setting (issue 23): the tiny random-weight SD3 pipeline of ``flowrl.testing`` at 64x64,
+LoRA rank 32 / alpha 64 on the attention projections, float32, the JPEG-compressibility reward, 2
+prompts x 4 images per step, 10 sampling steps, 9 trained timesteps, one optimizer step per step;
+Flow-GRPO with CFG 4.5 and its KL term, DiffusionNFT CFG-free with a 2nd-order solver. flowrl's side
+is built here; a reference's side is the command you give for your local checkout (nothing is
+fetched), with ``{pipeline}``, ``{steps}`` and ``{out}`` filled in:
+
+    python scripts/bench_peers.py --rounds 3 \\
+        --peer "flow_grpo=/path/to/flow_grpo::accelerate launch --cpu --num_processes 1 \\
+            scripts/train_sd3.py --config config/grpo.py:<your tiny config> \\
+            --config.pretrained.model={pipeline} --config.num_epochs={steps} --config.save_dir={out}" \\
+        --peer "diffusion_nft=/path/to/DiffusionNFT::..."
+
+A peer is ``name=checkout::command`` (the command runs in ``checkout``); ``flow_grpo`` is compared with
+flowrl's Flow-GRPO run and ``diffusion_nft`` with its DiffusionNFT run. A peer whose checkout is missing
+is skipped with a line saying so, and without peers only flowrl's own step times are measured.
+
+Per-step time is measured without parsing anyone's logs: each trainer runs ``steps`` and ``2 * steps``
+steps, and ``(T(2 steps) - T(steps)) / steps`` removes start-up, loading and evaluation, which both
+runs share. Rounds interleave every trainer (flowrl, peer, flowrl, peer, ...); the table gives the
+median over rounds, the per-round ratios and each process's peak resident memory (``os.wait4``).
+Run it on a quiet machine: never time anything beside another CPU-bound job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: a peer's name -> the flowrl algorithm it is compared with
+PEER_ALGORITHMS = {"flow_grpo": "flow_grpo", "diffusion_nft": "nft"}
+PLACEHOLDERS = ("{pipeline}", "{steps}", "{out}")
+
+EQUAL_WORK = [
+    "model.backend=sd3",
+    "model.height=64",
+    "model.width=64",
+    "model.max_sequence_length=16",
+    "model.lora_rank=32",
+    "model.lora_alpha=64",
+    "model.dtype=float32",
+    "rewards={jpeg_compressibility: 1.0}",
+    "training.prompts_per_step=2",
+    "training.group_size=4",
+    "training.micro_batch_size=8",
+    "training.updates_per_step=1",
+    "sampler.num_steps=10",
+    "logging.sample_every=0",
+    "logging.checkpoint_every=0",
+    "logging.progress=false",
+    "evaluation.guidance_scales=[]",
+    "evaluation.base_guidance_scales=[]",
+]
+ALGORITHM_SETTINGS = {
+    "flow_grpo": [
+        "algorithm.name=flow_grpo",
+        "sampler.guidance_scale=4.5",
+        "algorithm.train_guidance=true",
+        "algorithm.timestep_fraction=0.9",
+        "algorithm.kl_weight=0.04",
+    ],
+    "nft": [
+        "algorithm.name=nft",
+        "sampler.solver=dpm2m",
+        "sampler.guidance_scale=1.0",
+        "algorithm.train_timesteps=9",
+    ],
+}
+
+
+@dataclass
+class Trainer:
+    """One side of the comparison: a command template run in a folder."""
+
+    name: str
+    folder: Path
+    template: str
+
+    def command(self, pipeline: Path, steps: int, out: Path) -> list[str]:
+        filled = self.template
+        for key, value in (("{pipeline}", pipeline), ("{steps}", steps), ("{out}", out)):
+            filled = filled.replace(key, str(value))
+        return shlex.split(filled)
+
+
+def parse_peer(text: str) -> Trainer:
+    """``name=checkout::command`` with every placeholder; a ``ValueError`` naming what is wrong."""
+    name, separator, rest = text.partition("=")
+    folder, separator2, template = rest.partition("::")
+    if not (separator and separator2 and template.strip()):
+        raise ValueError(f"--peer {text!r} is not name=checkout::command")
+    if name not in PEER_ALGORITHMS:
+        raise ValueError(f"--peer name {name!r} is not allowed; allowed: {sorted(PEER_ALGORITHMS)}")
+    missing = [key for key in PLACEHOLDERS if key not in template]
+    if missing:
+        raise ValueError(f"--peer {name}: the command lacks {missing}; it needs {list(PLACEHOLDERS)}")
+    return Trainer(name, Path(folder).expanduser(), template)
+
+
+def flowrl_trainer(algorithm: str, prompts: Path, empty_config: Path) -> Trainer:
+    """flowrl's side of the comparison for ``algorithm``, as a command template (every setting an
+    override of the defaults)."""
+    overrides = [*EQUAL_WORK, *ALGORITHM_SETTINGS[algorithm], f"data.prompts={prompts}"]
+    template = " ".join(
+        shlex.quote(part)
+        for part in [sys.executable, "-m", "flowrl.cli", "train", str(empty_config), *overrides]
+    )
+    return Trainer(
+        f"flowrl_{algorithm}",
+        ROOT,
+        template + " model.name={pipeline} training.steps={steps} logging.output_dir={out}",
+    )
+
+
+def timed_run(trainer: Trainer, pipeline: Path, steps: int, scratch: Path) -> tuple[float, float]:
+    """``(seconds, peak resident GiB)`` of one run of ``trainer`` for ``steps`` steps."""
+    out = Path(tempfile.mkdtemp(prefix=f"{trainer.name}-", dir=scratch))
+    out.rmdir()  # the trainer creates it
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        trainer.command(pipeline, steps, out),
+        cwd=trainer.folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise RuntimeError(
+            f"{trainer.name} failed (exit {process.returncode}): {process.stderr.read()[-2000:]!r}"
+        )
+    return seconds, usage.ru_maxrss / 2**20
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--peer", action="append", default=[], help="name=checkout::command (repeat)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=6,
+        help="S: each trainer runs S and 2S steps per round (small S: start-up noise)",
+    )
+    parser.add_argument("--out", default="outputs/bench_peers.json")
+    args = parser.parse_args()
+    peers = [parse_peer(text) for text in args.peer]
+    present = []
+    for peer in peers:
+        if peer.folder.is_dir():
+            present.append(peer)
+        else:
+            print(f"skipping {peer.name}: no checkout at {peer.folder}")
+    algorithms = sorted({PEER_ALGORITHMS[peer.name] for peer in present}) or sorted(ALGORITHM_SETTINGS)
+    from flowrl.testing import save_tiny_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="flowrl-peers-") as folder:
+        scratch = Path(folder)
+        pipeline = save_tiny_pipeline("sd3", scratch / "pipeline")
+        prompts = scratch / "prompts.txt"
+        prompts.write_text("a photo of a cat\na red bicycle\n")
+        empty_config = scratch / "defaults.yaml"
+        empty_config.write_text("{}\n")
+        trainers = [flowrl_trainer(algorithm, prompts, empty_config) for algorithm in algorithms] + present
+        times: dict[str, list[float]] = {trainer.name: [] for trainer in trainers}
+        memory: dict[str, list[float]] = {trainer.name: [] for trainer in trainers}
+        for round_index in range(args.rounds):
+            for trainer in trainers:  # interleaved: every trainer once per round
+                short, peak_short = timed_run(trainer, pipeline, args.steps, scratch)
+                long, peak_long = timed_run(trainer, pipeline, 2 * args.steps, scratch)
+                times[trainer.name].append((long - short) / args.steps)
+                memory[trainer.name].append(max(peak_short, peak_long))
+                print(
+                    f"round {round_index + 1}: {trainer.name} {times[trainer.name][-1]:.2f} s/step",
+                    flush=True,
+                )
+    rows = []
+    for peer in present:
+        ours = f"flowrl_{PEER_ALGORITHMS[peer.name]}"
+        ratios = [a / b for a, b in zip(times[ours], times[peer.name])]
+        rows.append(
+            {
+                "peer": peer.name,
+                "flowrl_s_per_step": statistics.median(times[ours]),
+                "peer_s_per_step": statistics.median(times[peer.name]),
+                "ratio_median": statistics.median(ratios),
+                "ratios": ratios,
+                "flowrl_peak_gib": max(memory[ours]),
+                "peer_peak_gib": max(memory[peer.name]),
+            }
+        )
+    print(f"\n{'trainer':<20}{'s/step (median)':>16}{'peak GiB':>10}")
+    for name, values in times.items():
+        print(f"{name:<20}{statistics.median(values):>16.2f}{max(memory[name]):>10.2f}")
+    for row in rows:
+        print(
+            f"flowrl / {row['peer']}: {row['ratio_median']:.2f}x (rounds: "
+            f"{', '.join(f'{r:.2f}' for r in row['ratios'])}); peak {row['flowrl_peak_gib']:.2f} vs "
+            f"{row['peer_peak_gib']:.2f} GiB"
+        )
+    record = {
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "trainers": {
+            name: {"s_per_step": values, "peak_gib": memory[name]} for name, values in times.items()
+        },
+        "comparisons": rows,
+        "peer_commands": {peer.name: peer.template for peer in present},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sys.exit(main())
