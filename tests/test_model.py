@@ -103,3 +103,29 @@ def test_sample_prediction_turns_the_clean_image_head_into_a_velocity(tiny_model
     torch.testing.assert_close(model(x, t, *ids_mask), expected)
     with pytest.raises(ValueError, match="unknown prediction 'noise'"):
         ShapesDiT(dataclasses.replace(tiny_model.config, prediction="noise"))
+
+
+def test_text_contexts_are_reused_within_a_rollout_and_never_stale(tiny_model):
+    from flowrl.models.shapes import ShapesFlowModel
+
+    flow = ShapesFlowModel(tiny_model)
+    cond = tiny_model.encode_prompts(["a red circle", "two blue squares"])
+    other = tiny_model.encode_prompts(["three triangles", "a green square"])
+    x, t = torch.randn(2, 3, 32, 32), torch.tensor([0.7, 0.3])
+    with torch.no_grad():
+        expected = [tiny_model(x, t, *cond), tiny_model(x * 0.5, t * 0.5, *cond), tiny_model(x, t, *other)]
+    calls = []
+    encode = tiny_model.encode_text
+    tiny_model.encode_text = lambda ids, mask: calls.append(1) or encode(ids, mask)
+    with torch.no_grad():
+        assert torch.equal(flow.velocity(tiny_model, x, t, cond), expected[0])
+        assert torch.equal(flow.velocity(tiny_model, x * 0.5, t * 0.5, cond), expected[1])
+        assert len(calls) == 1  # one encoding served both steps
+        assert torch.equal(flow.velocity(tiny_model, x, t, other), expected[2])
+        assert len(calls) == 2
+        next(tiny_model.text_encoder.parameters()).add_(0.1)  # the weights move (an optimizer or EMA step)
+        moved = flow.velocity(tiny_model, x, t, cond)
+        assert len(calls) == 3 and not torch.equal(moved, expected[0])
+    # with gradients the text encoder runs every time, so that it trains
+    flow.velocity(tiny_model, x, t, cond).sum().backward()
+    assert len(calls) == 4 and next(tiny_model.text_encoder.parameters()).grad is not None

@@ -9,6 +9,8 @@ time grid. Copies are explicit modules (the model has 2.6M parameters).
 
 from __future__ import annotations
 
+import collections
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from torch import nn
 from flowrl.config_schema import ConfigError, choice
 from flowrl.models.dtypes import DTYPES
 from flowrl.models.noise import seeded_noise
-from flowrl.models.shapes_dit import ShapesDiT
+from flowrl.models.shapes_dit import ShapesDiT, TextContext
 from flowrl.weight_copies import ModuleCopies
 from samplers import timesteps
 
@@ -66,6 +68,40 @@ class ShapesModelConfig:
     dtype: str = field(default="float32", metadata=choice(*DTYPES))
 
 
+class TextContexts:
+    """The text contexts (:class:`~flowrl.models.shapes_dit.TextContext`) of the last few (network, weights,
+    prompt batch) triples, so that the text encoder and the cross-attention keys and values run once per
+    rollout instead of once per step. A context is reused only for the same network object whose
+    parameters have not changed since (their in-place version counters), and the same token ids and
+    mask; it is used without gradients (and outside ``torch.func`` transforms) only."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._entries: collections.OrderedDict[tuple, tuple[weakref.ref, TextContext]] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, network: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> TextContext:
+        module = getattr(network, "module", network)  # a DDP-wrapped network encodes with its module
+        key = (
+            id(module),
+            sum(parameter._version for parameter in module.parameters()),
+            tuple(ids.shape),
+            ids.cpu().numpy().tobytes(),
+            mask.cpu().numpy().tobytes(),
+            ids.device,
+        )
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is module:
+            self._entries.move_to_end(key)
+            return entry[1]
+        context = module.encode_text(ids, mask)
+        self._entries[key] = (weakref.ref(module), context)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return context
+
+
 class ShapesFlowModel:
     """A ShapesDiT as a flow model (module docstring)."""
 
@@ -78,6 +114,7 @@ class ShapesFlowModel:
 
     def __init__(self, network: ShapesDiT) -> None:
         self.network = network
+        self.text_contexts = TextContexts()
 
     @classmethod
     def check(cls, config: TrainConfig) -> None:
@@ -124,7 +161,12 @@ class ShapesFlowModel:
     def velocity(
         self, network: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return network(x, t, *cond, r=r)
+        """``network``'s velocity; without gradients the prompts' text context comes from
+        :attr:`text_contexts` (encoded once per network, weights and prompt batch)."""
+        ids, mask = cond
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():  # e.g. MeanFlow's jvp
+            return network(x, t, ids, mask, r=r)
+        return network(x, t, ids, mask, r=r, text=self.text_contexts.get(network, ids, mask))
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return model_space_to_images(x)

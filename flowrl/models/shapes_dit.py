@@ -131,6 +131,18 @@ class TextEncoder(nn.Module):
         return tokens, pooled
 
 
+@dataclass
+class TextContext:
+    """A prompt batch encoded once: the text encoder's per-token features and pooled vector, the mask, and
+    every block's cross-attention keys and values. None of it depends on ``x`` or ``t``, so one context
+    serves every step of a rollout."""
+
+    tokens: torch.Tensor
+    pooled: torch.Tensor
+    mask: torch.Tensor
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 class TemporalAttention(nn.Module):
     """Attention across the frames of each patch position, ``x + W_o attn(LN(x))`` with ``W_o = 0`` at init.
 
@@ -206,10 +218,12 @@ class DiTBlock(nn.Module):
         self,
         x: torch.Tensor,
         condition: torch.Tensor,
-        text: torch.Tensor,
+        text_key_value: tuple[torch.Tensor, torch.Tensor],
         text_mask: torch.Tensor,
         frames: int = 1,
     ) -> torch.Tensor:
+        """The block on tokens ``x``; ``text_key_value`` is ``cross_kv(text)`` split in two
+        (:meth:`ShapesDiT.encode_text` computes it once per prompt batch)."""
         shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = self.modulation(condition).chunk(
             6, -1
         )
@@ -221,7 +235,7 @@ class DiTBlock(nn.Module):
         x = x + gate_attn[:, None] * self.self_out(attended.reshape(x.shape))
         if self.temporal is not None:
             x = self.temporal(x, frames)
-        key, value = self.cross_kv(text).chunk(2, -1)
+        key, value = text_key_value
         attended = F.scaled_dot_product_attention(
             self._heads(self.cross_q(self.norm_cross(x))),
             self._heads(key),
@@ -367,6 +381,12 @@ class ShapesDiT(nn.Module):
         device = self.position_embedding.device
         return ids.to(device), mask.to(device)
 
+    def encode_text(self, ids: torch.Tensor, mask: torch.Tensor) -> TextContext:
+        """The :class:`TextContext` of prompt tokens ``ids, mask``."""
+        tokens, pooled = self.text_encoder(ids, mask)
+        keys_values = [tuple(block.cross_kv(tokens).chunk(2, -1)) for block in self.blocks]
+        return TextContext(tokens, pooled, mask, keys_values)
+
     def _patchify(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, (T,) C, H, W]`` to tokens ``[B, (T / f) (H / p) (W / p), f C p p]`` (f = frame_patch)."""
         if not self.is_video:
@@ -393,27 +413,29 @@ class ShapesDiT(nn.Module):
         ids: torch.Tensor,
         mask: torch.Tensor,
         r: torch.Tensor | None = None,
+        text: TextContext | None = None,
     ) -> torch.Tensor:
         """Velocity at ``x`` ``[B, 3, H, W]`` (a clip ``[B, T, 3, H, W]`` for a video model) and time ``t``
-        ``[B]`` (or scalar) for prompt tokens ``ids, mask``;
-        a MeanFlow model returns the average velocity over ``[r, t]`` (``r = t`` when not given: ``v``)."""
+        ``[B]`` (or scalar) for prompt tokens ``ids, mask`` (or their ``text`` context from
+        :meth:`encode_text`, computed once for many calls); a MeanFlow model returns the average
+        velocity over ``[r, t]`` (``r = t`` when not given: ``v``)."""
         if t.ndim == 0:
             t = t.expand(x.shape[0])
         if r is not None and self.interval_mlp is None:
             raise ValueError("r (an interval start) is given, but this is not a MeanFlow model")
-        text, pooled = self.text_encoder(ids, mask)
+        text = text if text is not None else self.encode_text(ids, mask)
         embedded_time = self.time_mlp(timestep_embedding(t, 256).to(x.dtype))
         if self.interval_mlp is not None:
             interval = t - (t if r is None else r.expand(x.shape[0]) if r.ndim == 0 else r)
             embedded_time = embedded_time + self.interval_mlp(timestep_embedding(interval, 256).to(x.dtype))
-        condition = F.silu(embedded_time + self.text_to_condition(pooled))
+        condition = F.silu(embedded_time + self.text_to_condition(text.pooled))
         position = self.position_embedding
         if self.frame_embedding is not None:
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
         tokens = self.patch_embed(self._patchify(x)) + position
         frames = self.config.num_frames // self.config.frame_patch
-        for block in self.blocks:
-            tokens = block(tokens, condition, text, mask, frames)
+        for block, key_value in zip(self.blocks, text.keys_values, strict=True):
+            tokens = block(tokens, condition, key_value, text.mask, frames)
         shift, scale = self.final_modulation(condition).chunk(2, -1)
         head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
         if self.config.prediction == "velocity":
