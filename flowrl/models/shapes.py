@@ -68,10 +68,14 @@ class ShapesModelConfig:
     dtype: str = field(default="float32", metadata=choice(*DTYPES))
 
 
+def _sharded(network: nn.Module) -> bool:
+    """Whether ``network``'s weights are sharded (FSDP's DTensors): they are whole only inside its forward."""
+    return any(type(parameter).__name__ == "DTensor" for parameter in network.parameters())
+
+
 class TextContexts:
     """The text contexts (:class:`~flowrl.models.shapes_dit.TextContext`) of the last few (network, weights,
-    prompt batch) triples, so that the text encoder and the cross-attention keys and values run once per
-    rollout instead of once per step. A context is reused only for the same network object whose
+    prompt batch) triples, so that the text encoder runs once per rollout instead of once per step. A context is reused only for the same network object whose
     parameters have not changed since (their in-place version counters), and the same token ids and
     mask; it is used without gradients (and outside ``torch.func`` transforms) only."""
 
@@ -164,8 +168,8 @@ class ShapesFlowModel:
         """``network``'s velocity; without gradients the prompts' text context comes from
         :attr:`text_contexts` (encoded once per network, weights and prompt batch)."""
         ids, mask = cond
-        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():  # e.g. MeanFlow's jvp
-            return network(x, t, ids, mask, r=r)
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or _sharded(network):
+            return network(x, t, ids, mask, r=r)  # trained, under MeanFlow's jvp, or FSDP-sharded weights
         return network(x, t, ids, mask, r=r, text=self.text_contexts.get(network, ids, mask))
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:

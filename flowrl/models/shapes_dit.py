@@ -133,14 +133,15 @@ class TextEncoder(nn.Module):
 
 @dataclass
 class TextContext:
-    """A prompt batch encoded once: the text encoder's per-token features and pooled vector, the mask, and
-    every block's cross-attention keys and values. None of it depends on ``x`` or ``t``, so one context
+    """A prompt batch through the text encoder: per-token features, the pooled vector and the mask, and
+    each block's cross-attention keys and values, which the block adds on its first call (inside its own
+    forward, where a sharded block has its weights). None of it depends on ``x`` or ``t``, so one context
     serves every step of a rollout."""
 
     tokens: torch.Tensor
     pooled: torch.Tensor
     mask: torch.Tensor
-    keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+    keys_values: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 class TemporalAttention(nn.Module):
@@ -218,12 +219,9 @@ class DiTBlock(nn.Module):
         self,
         x: torch.Tensor,
         condition: torch.Tensor,
-        text_key_value: tuple[torch.Tensor, torch.Tensor],
-        text_mask: torch.Tensor,
+        text: TextContext,
         frames: int = 1,
     ) -> torch.Tensor:
-        """The block on tokens ``x``; ``text_key_value`` is ``cross_kv(text)`` split in two
-        (:meth:`ShapesDiT.encode_text` computes it once per prompt batch)."""
         shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = self.modulation(condition).chunk(
             6, -1
         )
@@ -235,12 +233,14 @@ class DiTBlock(nn.Module):
         x = x + gate_attn[:, None] * self.self_out(attended.reshape(x.shape))
         if self.temporal is not None:
             x = self.temporal(x, frames)
-        key, value = text_key_value
+        key, value = text.keys_values.get(self) or text.keys_values.setdefault(
+            self, tuple(self.cross_kv(text.tokens).chunk(2, -1))
+        )
         attended = F.scaled_dot_product_attention(
             self._heads(self.cross_q(self.norm_cross(x))),
             self._heads(key),
             self._heads(value),
-            attn_mask=text_mask[:, None, None, :],
+            attn_mask=text.mask[:, None, None, :],
         )
         x = x + self.cross_out(self._merge(attended))
         return x + gate_mlp[:, None] * self.mlp(_modulate(self.norm_mlp(x), shift_mlp, scale_mlp))
@@ -384,8 +384,7 @@ class ShapesDiT(nn.Module):
     def encode_text(self, ids: torch.Tensor, mask: torch.Tensor) -> TextContext:
         """The :class:`TextContext` of prompt tokens ``ids, mask``."""
         tokens, pooled = self.text_encoder(ids, mask)
-        keys_values = [tuple(block.cross_kv(tokens).chunk(2, -1)) for block in self.blocks]
-        return TextContext(tokens, pooled, mask, keys_values)
+        return TextContext(tokens, pooled, mask)
 
     def _patchify(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, (T,) C, H, W]`` to tokens ``[B, (T / f) (H / p) (W / p), f C p p]`` (f = frame_patch)."""
@@ -434,8 +433,8 @@ class ShapesDiT(nn.Module):
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
         tokens = self.patch_embed(self._patchify(x)) + position
         frames = self.config.num_frames // self.config.frame_patch
-        for block, key_value in zip(self.blocks, text.keys_values, strict=True):
-            tokens = block(tokens, condition, key_value, text.mask, frames)
+        for block in self.blocks:
+            tokens = block(tokens, condition, text, frames)
         shift, scale = self.final_modulation(condition).chunk(2, -1)
         head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
         if self.config.prediction == "velocity":
