@@ -13,8 +13,9 @@ verifies.
 
 Nothing in a checkpoint can run code: files are read with
 ``torch.load(weights_only=True)`` (tensors, numbers, strings and containers
-only; optimizer, scheduler and RNG states are kept in those types), and the
-manifest may name only plain file names inside its own folder.
+only, plus plain NumPy arrays for checkpoints of earlier versions; optimizer,
+scheduler and RNG states are kept in those types), and the manifest may name
+only plain file names inside its own folder.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 MANIFEST = "manifest.json"
@@ -201,9 +203,17 @@ def read_checkpoint(path: str | Path) -> tuple[int, dict[str, Any]]:
     return int(manifest["step"]), payload
 
 
+def _numpy_array_types() -> list[Any]:
+    """What a plain NumPy array unpickles through (checkpoints written before flowrl kept RNG states as
+    tensors hold NumPy's key array); object arrays still need globals that stay refused."""
+    multiarray = getattr(np, "_core", None) or np.core
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def _load(file: Path) -> Any:
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_numpy_array_types()):
+            return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
             f"checkpoint file {file} holds objects other than tensors, numbers, strings and containers; "

@@ -113,6 +113,14 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     numpy_state = state["numpy"]
+    if isinstance(numpy_state, tuple):  # a checkpoint of an earlier version: NumPy's own state tuple
+        np.random.set_state(numpy_state)
+    else:
+        _set_numpy_state(numpy_state)
+    random.setstate(state["python"])
+
+
+def _set_numpy_state(numpy_state: dict[str, Any]) -> None:
     np.random.set_state(
         (
             numpy_state["kind"],
@@ -122,7 +130,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
             numpy_state["cached_gaussian"],
         )
     )
-    random.setstate(state["python"])
 
 
 def task_rewards(total: torch.Tensor, records: list[dict]) -> dict[str, float]:

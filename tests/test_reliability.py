@@ -106,6 +106,22 @@ def test_checkpoints_hold_only_plain_types_and_round_trip(tmp_path):
     assert step == 1 and payload["state"]["note"] == "x" and payload["state"]["pair"] == (1, 2.5)
 
 
+def test_checkpoints_of_earlier_versions_with_numpy_rng_states_still_load_and_restore(tmp_path):
+    import random
+
+    import numpy as np
+
+    from flowrl.trainer import set_rng_state
+
+    np.random.seed(7)
+    old_style = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    expected = np.random.rand(3)
+    write_checkpoint(tmp_path, 1, {"rng": [old_style]})
+    _, payload = read_checkpoint(tmp_path / "step_000001")
+    set_rng_state(payload["rng"][0])
+    assert np.array_equal(np.random.rand(3), expected)
+
+
 # --- nothing lost or mixed -------------------------------------------------------------------------
 
 
