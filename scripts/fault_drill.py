@@ -124,6 +124,17 @@ def start(output: Path, *overrides: str) -> subprocess.Popen:
     )
 
 
+def wait_for_checkpoint(process: subprocess.Popen, output: Path, seconds: float = 300) -> None:
+    """Return once the run in ``output`` has written its first checkpoint (or its process ended)."""
+    deadline = time.monotonic() + seconds
+    while (
+        time.monotonic() < deadline
+        and process.poll() is None
+        and not list_checkpoints(output / "checkpoints")
+    ):
+        time.sleep(0.2)
+
+
 def resume_until_done(output: Path, *overrides: str, attempts: int = 5) -> subprocess.CompletedProcess:
     for _ in range(attempts):
         result = run(output, *overrides, "resume=latest")
@@ -183,13 +194,7 @@ def kill_scenario(work: Path, reference: Path, seed: int, duration: float) -> li
 def sigint_scenario(work: Path, reference: Path) -> list[Outcome]:
     output = work / "sigint"
     process = start(output)
-    deadline = time.monotonic() + 300
-    while (
-        time.monotonic() < deadline
-        and process.poll() is None
-        and not list_checkpoints(output / "checkpoints")
-    ):
-        time.sleep(0.2)
+    wait_for_checkpoint(process, output)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     hint = "resume=latest" in stderr and "Traceback" not in stderr
@@ -340,13 +345,7 @@ def server_scenario(work: Path, down_seconds: float) -> list[Outcome]:
         f"rewards={{verifier: {{reward: remote, key: partial, settings: {{url: '{url}', patience: 120}}}}}}"
     )
     training = start(output, rewards)
-    deadline = time.monotonic() + 300
-    while (
-        time.monotonic() < deadline
-        and training.poll() is None
-        and not list_checkpoints(output / "checkpoints")
-    ):
-        time.sleep(0.2)
+    wait_for_checkpoint(training, output)
     server.kill()
     server.wait()
     time.sleep(down_seconds)

@@ -7,14 +7,11 @@ LoRA loads into a stock diffusers pipeline with ``load_lora_weights`` and
 generates the trainer's own images for the same noise.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from two_processes import train_in_two_processes
 
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
@@ -285,16 +282,7 @@ def test_two_processes_train_the_lora_like_one(prompt_file, tmp_path):
     Trainer(load_config(None, overrides)).train()
     empty_config = tmp_path / "empty.yaml"
     empty_config.write_text("{}\n")
-    command = [
-        sys.executable,
-        *("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"),
-        *("--mixed_precision", "no", "--dynamo_backend", "no", "-m", "flowrl.train", str(empty_config)),
-        *overrides,
-        f"logging.output_dir={tmp_path / 'two'}",
-    ]
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_in_two_processes(empty_config, [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
     _, one = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_000002")
     _, two = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_000002")
     assert len(two["rng"]) == 2

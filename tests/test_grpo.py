@@ -336,11 +336,8 @@ def test_the_reference_width_pruning_keeps_its_share_after_the_last_split(tiny_m
 def test_branchgrpo_batch_std_is_global_so_two_processes_train_as_one(tmp_path, tiny_model_dir):
     """``std_scope: batch`` pools each depth's std over every tree of the gathered batch (the advantages
     hook), not over one process's trees: two real processes (gloo) give one process's losses and weights."""
-    import os
-    import subprocess
-    import sys
-
     from test_trainer import final_weights
+    from two_processes import train_in_two_processes
 
     overrides = [
         *TINY_GRPO_RUN,
@@ -354,17 +351,9 @@ def test_branchgrpo_batch_std_is_global_so_two_processes_train_as_one(tmp_path, 
     Trainer(
         load_config("configs/shapes_branchgrpo.yaml", [*overrides, f"logging.output_dir={tmp_path / 'one'}"])
     ).train()
-    command = [
-        sys.executable,
-        *("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"),
-        *("--mixed_precision", "no", "--dynamo_backend", "no", "-m", "flowrl.train"),
-        "configs/shapes_branchgrpo.yaml",
-        *overrides,
-        f"logging.output_dir={tmp_path / 'two'}",
-    ]
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_in_two_processes(
+        "configs/shapes_branchgrpo.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"]
+    )
     rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
     rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
     assert all(row["num_processes"] == 2 for row in rows_two)

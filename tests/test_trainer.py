@@ -1,13 +1,11 @@
 """The trainer end to end on a tiny random-weight model: exact resume, two real processes, checkpoints."""
 
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from two_processes import train_in_two_processes
 
 from flowrl.checkpoint import CheckpointError, read_checkpoint, resumable_checkpoint, write_checkpoint
 from flowrl.config import ConfigError, load_config
@@ -109,28 +107,7 @@ def test_the_trainer_follows_the_cosine_schedule(tmp_path, tiny_model_dir):
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir):
     overrides = ["training.steps=2", "training.threads=1", f"model.name={tiny_model_dir}", *TINY_RUN]
     run(tiny_model_dir, tmp_path / "one", "training.steps=2", "training.threads=1")
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "flowrl.train",
-        "configs/shapes_nft.yaml",
-        *overrides,
-        f"logging.output_dir={tmp_path / 'two'}",
-    ]
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_in_two_processes("configs/shapes_nft.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
     rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
     rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
     # Two processes really ran: each wrote its RNG state into the checkpoint, and the run says so.
