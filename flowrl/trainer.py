@@ -445,7 +445,7 @@ class Trainer:
                     {key: value[part] for key, value in rows.data.items()},
                     select_rows(cond, rows.cond_index[part]),
                     rows.advantages[part],
-                    {key: value[:, part] for key, value in draws.items()},
+                    {key: value[:, rows.cond_index[part].cpu()] for key, value in draws.items()},
                     None if rows.weights is None else rows.weights[part],
                 )
                 sync = index == len(units) - 1

@@ -29,6 +29,8 @@ from flowrl.algorithms.meanflow_nft import MeanFlowNFT
 from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
 from flowrl.algorithms.nft import DiffusionNFT
 from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.algorithms.raft import RAFT
+from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.config_schema import ConfigError
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "crd": AlgorithmEntry(CRD, CRDConfig),
     "flow_grpo": AlgorithmEntry(FlowGRPO, FlowGRPOConfig),
     "branch_grpo": AlgorithmEntry(BranchGRPO, BranchGRPOConfig),
+    "raft": AlgorithmEntry(RAFT, RAFTConfig),
 }
 
 
@@ -81,6 +84,7 @@ __all__ = [
     "DiffusionNFT",
     "FlowGRPO",
     "MeanFlowNFT",
+    "RAFT",
     "RolloutChunk",
     "StepEnd",
     "TrainBatch",

@@ -169,11 +169,12 @@ class Algorithm:
         grid: torch.Tensor,
         step: int,
     ) -> dict[str, torch.Tensor]:
-        """Random draws for all ``num_samples`` samples of a step, each ``[passes, num_samples, ...]``.
+        """Random draws for all ``num_samples`` samples of a step, each ``[passes, num_samples, ...]``; a
+        training row gets the draws of its sample (``TrainRows.cond_index``).
 
         Drawn for the global batch from one generator, so that the result does
         not depend on how samples are split over processes. Only algorithms
-        whose rows are samples draw anything.
+        whose rows are samples (all of them, or some) draw anything.
         """
         return {}
 

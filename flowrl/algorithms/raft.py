@@ -1,0 +1,122 @@
+"""RAFT: reward-ranked fine-tuning (Dong et al., 2023), the baseline every RL algorithm here should beat.
+
+Each step the current model draws ``K`` samples per prompt with the ODE
+solver; of each group only the ``k`` samples with the highest total reward
+are kept (no negatives, no advantages) and the model is fine-tuned on them
+with the plain flow-matching loss. For a kept sample ``x0``, a time ``t`` and
+fresh noise ``eps``::
+
+    x_t = (1 - t) x0 + t eps
+    L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²     (mean over pixels)
+
+The rollout copy is the trained model itself after every step (on-policy
+sampling, RAFT's iterate "sample, rank, fine-tune"). Rejection sampling plus
+supervised fine-tuning is the simplest use of the same rollouts: what it
+reaches is what sharpening alone gives.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from flowrl.advantages import RewardBatch
+from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean
+from flowrl.algorithms.nft import noised_samples, pixel_mean, training_times
+from flowrl.algorithms.raft_config import RAFTConfig
+from flowrl.config_schema import ConfigError
+from flowrl.policy import ROLLOUT
+from samplers import ODE_SOLVERS, VelocityFn
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainConfig
+    from flowrl.policy import Policy
+
+
+def best_of_groups(rewards: torch.Tensor, group_size: int, keep: int) -> torch.Tensor:
+    """Indices (ascending) of the ``keep`` highest rewards of every consecutive group of ``group_size``;
+    among equal rewards the earlier sample wins."""
+    grouped = rewards.reshape(-1, group_size)
+    order = grouped.argsort(dim=1, descending=True, stable=True)[:, :keep]
+    offsets = torch.arange(grouped.shape[0], device=rewards.device).unsqueeze(1) * group_size
+    return (order + offsets).flatten().sort().values
+
+
+def flow_matching_loss(v_theta: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``||v_theta - (eps - x0)||²`` per sample (mean over pixels)."""
+    return pixel_mean((v_theta.float() - (noise.float() - x0.float())) ** 2)
+
+
+class RAFT(Algorithm):
+    """RAFT as a trainer algorithm: ODE rollouts, the best samples of each group, the flow-matching loss."""
+
+    config: RAFTConfig
+    copies = (ROLLOUT,)
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        self.solver = ODE_SOLVERS[config.sampler.solver]
+        self.passes = self.config.train_timesteps
+        self.group_size = config.training.group_size
+        #: the mean total reward of the kept samples of the step, set by :meth:`advantages`
+        self.kept_reward = float("nan")
+
+    def num_rows(self, num_samples: int, step: int = 1) -> int:
+        if num_samples % self.group_size:
+            raise ConfigError(
+                f"algorithm.name='raft' needs whole prompt groups on every process: {num_samples} images per "
+                f"process are not groups of training.group_size={self.group_size}"
+            )
+        return num_samples // self.group_size * self.config.keep_per_group
+
+    def advantages(self, rewards: RewardBatch) -> torch.Tensor:
+        """The default group advantages (logged only: RAFT's loss has none); also the mean total reward of
+        the samples the step keeps, over the global batch."""
+        kept = best_of_groups(rewards.total.float(), self.group_size, self.config.keep_per_group)
+        self.kept_reward = float(rewards.total.float()[kept].mean())
+        return super().advantages(rewards)
+
+    def rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        """Clean samples from the (deterministic) ODE solver; only ``x0`` is kept."""
+        return RolloutChunk(self.solver(velocity, noise, grid, cond).x0)
+
+    def training_rows(
+        self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
+    ) -> TrainRows:
+        """One row per kept sample; its conditioning (and random draws) are those of the sample."""
+        x0 = torch.cat([chunk.x0 for chunk in chunks])
+        kept = best_of_groups(rewards.cpu(), self.group_size, self.config.keep_per_group)
+        return TrainRows({"x0": x0[kept.to(x0.device)]}, kept, advantages[kept.to(advantages.device)])
+
+    def draw(
+        self,
+        generator: torch.Generator,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        grid: torch.Tensor,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        """Times and noise for every sample of the step (the kept rows use their sample's)."""
+        times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
+        noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
+        return {"t": times, "noise": noise}
+
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x0, t, noise, x_t = noised_samples(batch, pass_index)
+        losses = flow_matching_loss(policy.velocity(x_t, t, batch.cond), x0, noise)
+        return weighted_mean(losses, batch.weights), {"raft/flow_matching_loss": losses.detach()}
+
+    def after_optimizer_step(self, step: int) -> StepEnd:
+        """The rollout copy becomes the trained model (on-policy sampling next step)."""
+        return StepEnd({ROLLOUT: 0.0}, {"raft/kept_reward": self.kept_reward})

@@ -1,0 +1,101 @@
+"""RAFT: the selection and the flow-matching loss against direct re-computations, its rows and random draws,
+its settings, and two real processes against one."""
+
+import pytest
+import torch
+from two_processes import train_in_two_processes
+
+from flowrl.advantages import RewardBatch
+from flowrl.algorithms import RAFT, RolloutChunk
+from flowrl.algorithms.raft import best_of_groups, flow_matching_loss
+from flowrl.config import ConfigError, load_config
+from flowrl.run_log import read_metrics
+from flowrl.trainer import Trainer
+
+TINY_RAFT = [
+    "training.prompts_per_step=2",
+    "training.group_size=4",
+    "training.micro_batch_size=4",
+    "training.updates_per_step=1",
+    "training.learning_rate=0.001",
+    "sampler.num_steps=4",
+    "algorithm.keep_per_group=2",
+    "algorithm.train_timesteps=2",
+    "evaluation.images_per_task=1",
+    "evaluation.num_steps=2",
+    "evaluation.base_guidance_scales=[1.0]",
+    "logging.sample_every=0",
+    "logging.checkpoint_every=2",
+    "logging.progress=false",
+]
+
+
+def direct_best(rewards: list[float], group_size: int, keep: int) -> list[int]:
+    """Per group: sort the members by (reward descending, index ascending), take ``keep``; all indices sorted."""
+    chosen = []
+    for start in range(0, len(rewards), group_size):
+        members = list(range(start, start + group_size))
+        members.sort(key=lambda i: (-rewards[i], i))
+        chosen.extend(members[:keep])
+    return sorted(chosen)
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_the_kept_samples_are_the_best_of_each_group_earlier_first_among_ties(keep):
+    g = torch.Generator().manual_seed(keep)
+    rewards = torch.randint(0, 4, (24,), generator=g).float() / 4  # many ties
+    expected = direct_best(rewards.tolist(), 6, keep)
+    assert best_of_groups(rewards, 6, keep).tolist() == expected
+
+
+def test_flow_matching_loss_equals_the_formula():
+    g = torch.Generator().manual_seed(0)
+    v_theta, x0, eps = (torch.randn(3, 3, 4, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = torch.stack([((v_theta[i] - (eps[i] - x0[i])) ** 2).mean() for i in range(3)])
+    torch.testing.assert_close(flow_matching_loss(v_theta, x0, eps).double(), expected)
+
+
+def test_rows_are_the_kept_samples_with_their_conditioning_and_advantages(tmp_path):
+    config = load_config("configs/shapes_raft.yaml", TINY_RAFT)
+    algorithm = RAFT(config)
+    assert algorithm.num_rows(8) == 4 and algorithm.passes == 2
+    x0 = torch.arange(8.0).reshape(8, 1, 1, 1).expand(8, 3, 2, 2)
+    chunks = [RolloutChunk(x0[:4]), RolloutChunk(x0[4:])]
+    rewards = torch.tensor([0.1, 0.9, 0.5, 0.2, 0.0, 0.3, 0.3, 0.7])
+    advantages = torch.arange(8.0)
+    rows = algorithm.training_rows(chunks, advantages, rewards, step=1)
+    assert rows.cond_index.tolist() == [1, 2, 5, 7]
+    torch.testing.assert_close(rows.data["x0"], x0[[1, 2, 5, 7]])
+    torch.testing.assert_close(rows.advantages, advantages[[1, 2, 5, 7]])
+    algorithm.advantages(RewardBatch({"r": rewards}, {"r": 1.0}, rewards, torch.tensor([0] * 4 + [1] * 4)))
+    assert algorithm.after_optimizer_step(1).log["raft/kept_reward"] == pytest.approx(
+        (0.9 + 0.5 + 0.3 + 0.7) / 4
+    )
+
+
+def test_raft_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"keep_per_group=4 .* below training.group_size=4"):
+        load_config("configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.keep_per_group=4"])
+    with pytest.raises(ConfigError, match=r"train_timesteps=5 is more than the 4 steps"):
+        load_config("configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.train_timesteps=5"])
+    with pytest.raises(ConfigError, match=r"unknown config key algorithm.beta"):
+        load_config("configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.beta=1.0"])
+
+
+def test_raft_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_dir):
+    overrides = [*TINY_RAFT, "training.steps=2", "training.threads=1", f"model.name={tiny_model_dir}"]
+    config = load_config("configs/shapes_raft.yaml", [*overrides, f"logging.output_dir={tmp_path / 'one'}"])
+    trainer = Trainer(config)
+    trainer.train()
+    # On-policy: after the step the rollout copy holds the trained weights.
+    trained = dict(trainer.policy.copies.unwrapped.named_parameters())
+    for name, value in trainer.policy.copies.copies["rollout"].named_parameters():
+        torch.testing.assert_close(value, trained[name])
+    train_in_two_processes("configs/shapes_raft.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
+    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
+    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
+    assert [row["num_processes"] for row in rows_two] == [2, 2]
+    # The kept rows draw their own sample's times and noise whichever process holds them.
+    for row_one, row_two in zip(rows_one, rows_two, strict=True):
+        for key in ("reward/mean", "raft/kept_reward", "loss", "grad_norm", "raft/flow_matching_loss"):
+            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
