@@ -272,6 +272,9 @@ def main() -> None:
         if recipe.base_model not in baselines and cached.is_file():
             baselines[recipe.base_model] = json.loads(cached.read_text())
     command = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    previous = out / "bench_learning.json"
+    if args.summarise_only and previous.is_file():  # the command that ran the benchmark, not this one
+        command = json.loads(previous.read_text()).get("command", command)
     write_report(out, suite_path.stem, suite, recipes, baselines, command)
 
 

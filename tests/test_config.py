@@ -16,7 +16,7 @@ def test_defaults_files_merge_and_overrides_win(tmp_path):
 
 
 def test_shipped_recipes_are_valid():
-    for name in ("shapes_nft", "shapes_nft_long"):
+    for name in ("shapes_nft", "shapes_nft_main", "shapes_nft_long"):
         assert isinstance(load_config(f"configs/{name}.yaml"), TrainConfig)
 
 

@@ -202,8 +202,8 @@ def test_the_new_sections_bring_their_own_keys_and_checks(tmp_path, toy_register
 
 
 def test_unknown_names_list_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"algorithm.name='raft' is not allowed; allowed: \['nft'"):
-        load_config(None, ["algorithm.name=raft"])
+    with pytest.raises(ConfigError, match=r"algorithm.name='ddpo' is not allowed; allowed: \['nft'"):
+        load_config(None, ["algorithm.name=ddpo"])
     with pytest.raises(ConfigError, match=r"model.backend='sdxl' is not allowed; allowed: \['shapes'"):
         load_config(None, ["model.backend=sdxl"])
 
