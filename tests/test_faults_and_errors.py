@@ -2,6 +2,7 @@
 told to, and bad input or a failure during a run is one clear line."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -163,6 +164,9 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, tiny_model_dir):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a run launched in the background (bash `&`) inherits SIGINT ignored, and a
+        # server started by an earlier test restores that on exit, so Python would install no Ctrl-C handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list_checkpoints(output / "checkpoints"):
