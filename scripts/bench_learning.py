@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import yaml
+from headroom import ROUND_SEED_STRIDE
 from learning_report import write_report
 from tqdm.auto import tqdm
 
@@ -48,7 +49,6 @@ from flowrl.models import load_shapes_model
 from flowrl.worlds import World, get_world
 
 SUITES = Path("configs/bench")
-ROUND_SEED_STRIDE = 1_000_003
 
 
 @dataclass

@@ -108,31 +108,21 @@ def test_the_smoke_benchmark_writes_its_report_and_resumes(tmp_path):
 
 def test_a_suite_with_an_unknown_key_or_an_uneven_budget_is_refused(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**SMOKE, "steps": 3}))
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench_learning.py"),
-            "--suite",
-            str(bad),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode != 0 and "unknown keys ['steps']" in result.stderr
-    bad.write_text(yaml.safe_dump({**SMOKE, "images": 100}))
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench_learning.py"),
-            "--suite",
-            str(bad),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode != 0 and "images=100 is not a whole number of steps" in result.stderr
+    for change, message in (
+        ({"steps": 3}, "unknown keys ['steps']"),
+        ({"images": 100}, "images=100 is not a whole number of steps"),
+    ):
+        bad.write_text(yaml.safe_dump({**SMOKE, **change}))
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(SCRIPTS / "bench_learning.py"),
+                "--suite",
+                str(bad),
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode != 0 and message in result.stderr

@@ -164,8 +164,8 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, tiny_model_dir):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # as from a terminal: a run launched in the background (bash `&`) inherits SIGINT ignored, and a
-        # server started by an earlier test restores that on exit, so Python would install no Ctrl-C handler
+        # as from a terminal: under a suite started in the background (bash `&`) SIGINT is inherited
+        # ignored, and Python installs no Ctrl-C handler when it starts with SIGINT ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120

@@ -3,6 +3,7 @@ its settings, and two real processes against one."""
 
 import pytest
 import torch
+from test_trainer import TINY_RUN
 from two_processes import train_in_two_processes
 
 from flowrl.advantages import RewardBatch
@@ -12,22 +13,7 @@ from flowrl.config import ConfigError, load_config
 from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
 
-TINY_RAFT = [
-    "training.prompts_per_step=2",
-    "training.group_size=4",
-    "training.micro_batch_size=4",
-    "training.updates_per_step=1",
-    "training.learning_rate=0.001",
-    "sampler.num_steps=4",
-    "algorithm.keep_per_group=2",
-    "algorithm.train_timesteps=2",
-    "evaluation.images_per_task=1",
-    "evaluation.num_steps=2",
-    "evaluation.base_guidance_scales=[1.0]",
-    "logging.sample_every=0",
-    "logging.checkpoint_every=2",
-    "logging.progress=false",
-]
+TINY_RAFT = [*TINY_RUN, "algorithm.keep_per_group=2"]
 
 
 def direct_best(rewards: list[float], group_size: int, keep: int) -> list[int]:

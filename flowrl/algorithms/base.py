@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowrl.advantages import RewardBatch, reward_advantages
-from flowrl.config_schema import at_least, choice
+from flowrl.config_schema import ConfigError, at_least, choice
 from samplers import VelocityFn
 
 if TYPE_CHECKING:
@@ -193,3 +193,14 @@ class Algorithm:
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """``sum_i w_i values_i / B`` (a plain mean when ``weights`` is None): dropped rows count as zeros."""
     return values.mean() if weights is None else (values * weights.to(values)).mean()
+
+
+def whole_groups(algorithm: str, num_samples: int, group_size: int) -> int:
+    """The number of prompt groups in a process's ``num_samples``; a config error when they are not whole
+    (for algorithms that look at a whole group at once)."""
+    if num_samples % group_size:
+        raise ConfigError(
+            f"algorithm.name={algorithm!r} needs whole prompt groups on every process: {num_samples} images "
+            f"per process are not groups of training.group_size={group_size}"
+        )
+    return num_samples // group_size

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from flowrl.advantages import RewardBatch
-from flowrl.algorithms.base import StepEnd, TrainBatch, weighted_mean
+from flowrl.algorithms.base import StepEnd, TrainBatch, weighted_mean, whole_groups
 from flowrl.algorithms.crd_config import CRDConfig
 from flowrl.algorithms.nft import (
     ADAPTIVE_WEIGHT_MIN,
@@ -66,7 +66,6 @@ from flowrl.algorithms.nft import (
     optimality_probability,
     pixel_mean,
 )
-from flowrl.config_schema import ConfigError
 from flowrl.policy import OLD, REFERENCE, ROLLOUT
 
 if TYPE_CHECKING:
@@ -156,11 +155,7 @@ class CRD(DiffusionNFT):
         self.reward_level = 0.0
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
-        if num_samples % self.group_size:
-            raise ConfigError(
-                f"algorithm.name='crd' needs whole prompt groups on every process: {num_samples} images per "
-                f"process are not groups of training.group_size={self.group_size}"
-            )
+        whole_groups("crd", num_samples, self.group_size)
         return num_samples
 
     def advantages(self, rewards: RewardBatch) -> torch.Tensor:

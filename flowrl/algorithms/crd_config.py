@@ -27,7 +27,9 @@ class CRDConfig(NFTConfig):
     #: the anchor's strength factor ``floor + (1 - floor) a``: ``a`` the step's ``reward_level`` (the raw mean
     #: reward mapped by ``anchor_reward_range`` to [0, 1], the paper's reward-adaptive KL), the per-sample
     #: ``optimality`` probability (flowrl's earlier form, which does not follow the reward level), or ``none``
-    anchor_adaptive: str = field(default="reward_level", metadata=choice("reward_level", "optimality", "none"))
+    anchor_adaptive: str = field(
+        default="reward_level", metadata=choice("reward_level", "optimality", "none")
+    )
     anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
     #: raw total rewards ``[low, high]`` that map to reward levels 0 and 1
     anchor_reward_range: list[float] = field(default_factory=lambda: [0.0, 1.0])

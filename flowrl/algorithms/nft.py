@@ -150,10 +150,10 @@ def noised_samples(batch: TrainBatch, pass_index: int) -> tuple[torch.Tensor, ..
     return x0, t, noise, (1 - column) * x0 + column * noise
 
 
-class DiffusionNFT(Algorithm):
-    """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
-
-    config: NFTConfig
+class ForwardProcessAlgorithm(Algorithm):
+    """What DiffusionNFT, its variants and RAFT share: clean ODE rollouts (only ``x0`` is kept) and, per
+    sample, ``train_timesteps`` training times with fresh noise; rows are samples (``training_rows`` may
+    keep some of them)."""
 
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
@@ -189,6 +189,12 @@ class DiffusionNFT(Algorithm):
         times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
         noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
         return {"t": times, "noise": noise}
+
+
+class DiffusionNFT(ForwardProcessAlgorithm):
+    """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
+
+    config: NFTConfig
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int

@@ -1,4 +1,5 @@
-"""The ``algorithm`` section of DiffusionNFT (``name: nft``); MeanFlowNFT and CRD extend it."""
+"""The ``algorithm`` section of DiffusionNFT (``name: nft``); MeanFlowNFT and CRD extend it, RAFT shares its
+training-time keys (:class:`ForwardProcessConfig`)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,32 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class NFTConfig(AlgorithmConfig):
+class ForwardProcessConfig(AlgorithmConfig):
+    """The training times of the algorithms that train on clean samples (DiffusionNFT and its variants,
+    RAFT; :class:`flowrl.algorithms.nft.ForwardProcessAlgorithm`)."""
+
+    #: training times: distinct times of the rollout grid per sample (``grid``) or ``U(0, 1)`` (``sampled``)
+    timesteps: str = field(default="grid", metadata=choice("grid", "sampled"))
+    #: training times (loss passes) per sample and step
+    train_timesteps: int = field(default=4, metadata=at_least(1))
+
+    def check(self, config: TrainConfig) -> None:
+        if self.timesteps == "grid" and self.train_timesteps > config.sampler.num_steps:
+            raise ConfigError(
+                f"algorithm.train_timesteps={self.train_timesteps} is more than the "
+                f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
+                "lower it or use algorithm.timesteps=sampled"
+            )
+
+
+@dataclass
+class NFTConfig(ForwardProcessConfig):
     """DiffusionNFT (:mod:`flowrl.algorithms.nft`): the implicit policies' strength, the training times,
     the reference pull and the old policy's schedule."""
 
     name: str = "nft"
     #: beta of ``v+ = beta v_theta + (1 - beta) v_old`` and ``v- = (1 + beta) v_old - beta v_theta``
     beta: float = field(default=1.0, metadata=at_least(0.0, strict=True))
-    #: training times: distinct times of the rollout grid per sample (``grid``) or ``U(0, 1)`` (``sampled``)
-    timesteps: str = field(default="grid", metadata=choice("grid", "sampled"))
-    #: training times (loss passes) per sample and step
-    train_timesteps: int = field(default=4, metadata=at_least(1))
     #: lambda of the pull ``lambda ||v_theta - v_ref||²`` towards the frozen base
     reference_weight: float = field(default=1e-4, metadata=at_least(0.0))
     #: divide each x0-space error by its own detached mean absolute error (the reference's weighting)
@@ -42,11 +58,3 @@ class NFTConfig(AlgorithmConfig):
     old_decay_counter: str = field(default="updates", metadata=choice("updates", "steps"))
     old_update_every: int = field(default=10, metadata=at_least(1))
     old_delay_steps: int = field(default=20, metadata=at_least(0))
-
-    def check(self, config: TrainConfig) -> None:
-        if self.timesteps == "grid" and self.train_timesteps > config.sampler.num_steps:
-            raise ConfigError(
-                f"algorithm.train_timesteps={self.train_timesteps} is more than the "
-                f"{config.sampler.num_steps} steps of the rollout grid (sampler.num_steps); "
-                "lower it or use algorithm.timesteps=sampled"
-            )

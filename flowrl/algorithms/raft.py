@@ -17,17 +17,15 @@ reaches is what sharpening alone gives.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from flowrl.advantages import RewardBatch
-from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean
-from flowrl.algorithms.nft import noised_samples, pixel_mean, training_times
+from flowrl.algorithms.base import RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean, whole_groups
+from flowrl.algorithms.nft import ForwardProcessAlgorithm, noised_samples, pixel_mean
 from flowrl.algorithms.raft_config import RAFTConfig
-from flowrl.config_schema import ConfigError
 from flowrl.policy import ROLLOUT
-from samplers import ODE_SOLVERS, VelocityFn
 
 if TYPE_CHECKING:
     from flowrl.config import TrainConfig
@@ -48,7 +46,7 @@ def flow_matching_loss(v_theta: torch.Tensor, x0: torch.Tensor, noise: torch.Ten
     return pixel_mean((v_theta.float() - (noise.float() - x0.float())) ** 2)
 
 
-class RAFT(Algorithm):
+class RAFT(ForwardProcessAlgorithm):
     """RAFT as a trainer algorithm: ODE rollouts, the best samples of each group, the flow-matching loss."""
 
     config: RAFTConfig
@@ -56,19 +54,12 @@ class RAFT(Algorithm):
 
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
-        self.solver = ODE_SOLVERS[config.sampler.solver]
-        self.passes = self.config.train_timesteps
         self.group_size = config.training.group_size
         #: the mean total reward of the kept samples of the step, set by :meth:`advantages`
         self.kept_reward = float("nan")
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
-        if num_samples % self.group_size:
-            raise ConfigError(
-                f"algorithm.name='raft' needs whole prompt groups on every process: {num_samples} images per "
-                f"process are not groups of training.group_size={self.group_size}"
-            )
-        return num_samples // self.group_size * self.config.keep_per_group
+        return whole_groups("raft", num_samples, self.group_size) * self.config.keep_per_group
 
     def advantages(self, rewards: RewardBatch) -> torch.Tensor:
         """The default group advantages (logged only: RAFT's loss has none); also the mean total reward of
@@ -77,38 +68,14 @@ class RAFT(Algorithm):
         self.kept_reward = float(rewards.total.float()[kept].mean())
         return super().advantages(rewards)
 
-    def rollout(
-        self,
-        velocity: VelocityFn,
-        noise: torch.Tensor,
-        grid: torch.Tensor,
-        cond: Any,
-        generator: torch.Generator,
-        step: int,
-    ) -> RolloutChunk:
-        """Clean samples from the (deterministic) ODE solver; only ``x0`` is kept."""
-        return RolloutChunk(self.solver(velocity, noise, grid, cond).x0)
-
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
-        """One row per kept sample; its conditioning (and random draws) are those of the sample."""
+        """One row per kept sample; its conditioning and random draws (:meth:`draw`, for every sample) are
+        those of the sample."""
         x0 = torch.cat([chunk.x0 for chunk in chunks])
         kept = best_of_groups(rewards.cpu(), self.group_size, self.config.keep_per_group)
         return TrainRows({"x0": x0[kept.to(x0.device)]}, kept, advantages[kept.to(advantages.device)])
-
-    def draw(
-        self,
-        generator: torch.Generator,
-        num_samples: int,
-        sample_shape: tuple[int, ...],
-        grid: torch.Tensor,
-        step: int,
-    ) -> dict[str, torch.Tensor]:
-        """Times and noise for every sample of the step (the kept rows use their sample's)."""
-        times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
-        noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
-        return {"t": times, "noise": noise}
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
