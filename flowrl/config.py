@@ -97,10 +97,15 @@ class DataConfig:
     every ``tag`` (task) the same share of draws, as a per-task average score
     such as GenEval's weighs them (the shapes train split is 74% colour
     attribution prompts and 1% single-object prompts).
+
+    ``task_weights`` (with "balanced"): relative shares per tag, 1 for a tag not
+    named, e.g. ``{single_object: 0.5, colors: 0.5}`` draws the two tasks the
+    base already solves half as often as each other task.
     """
 
     prompts: str = "shapes-train"
     sampling: str = field(default="uniform", metadata=_choice("uniform", "balanced"))
+    task_weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -347,6 +352,7 @@ def _check_cross_fields(config: TrainConfig) -> None:
             f"data.prompts={prompts!r} is not allowed; use one of {list(WORLD_OF_PROMPTS)} or an existing "
             ".jsonl/.txt file"
         )
+    _check_task_weights(config.data)
     implied = WORLD_OF_PROMPTS.get(prompts)
     if implied and config.evaluation.world not in (None, implied):
         raise ConfigError(
@@ -355,3 +361,19 @@ def _check_cross_fields(config: TrainConfig) -> None:
         )
     backend_class(config.model.backend).check(config)
     config.algorithm.check(config)
+
+
+def _check_task_weights(data: DataConfig) -> None:
+    """``data.task_weights``: only with balanced sampling, weights >= 0, tags of the prompts (read here,
+    before any model loads)."""
+    from flowrl.prompts import load_prompts, prompt_weights
+
+    if not data.task_weights:
+        return
+    negative = {tag: weight for tag, weight in data.task_weights.items() if weight < 0}
+    if negative:
+        raise ConfigError(f"data.task_weights {negative} are not allowed; every weight must be >= 0")
+    try:
+        prompt_weights(load_prompts(data.prompts), data.sampling, data.task_weights)
+    except ValueError as error:
+        raise ConfigError(f"data.task_weights: {error}") from error

@@ -96,7 +96,13 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} is not allowed; expected a mapping")
-        return dict(value)
+        key_kind, value_kind = typing.get_args(kind)
+        if value_kind is Any:
+            return dict(value)
+        return {
+            _coerce(key, name, key_kind): _coerce(f"{key}.{name}", element, value_kind)
+            for name, element in value.items()
+        }
     if kind is float:
         return _finite_number(key, value)
     if kind is bool and not isinstance(value, bool):

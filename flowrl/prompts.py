@@ -1,7 +1,7 @@
 """Training prompts and the group-aware batch of each step.
 
 Every step draws ``prompts_per_step`` distinct prompts with a generator seeded
-by ``(seed, step)`` (uniformly, or with every task tag equally likely) and repeats each ``group_size`` times, so the global
+by ``(seed, step)`` (uniformly, or with every task tag equally likely or as ``data.task_weights`` say) and repeats each ``group_size`` times, so the global
 sample list is the same on every process and after a resume (the data
 position is the step). Process ``k`` of ``n`` takes the ``k``-th contiguous
 slice: whole groups whenever the per-process share is a multiple of the group
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,12 +55,22 @@ class StepSamples:
         return StepSamples(self.records[part], self.group_ids[part], self.seeds[part])
 
 
-def prompt_weights(prompts: list[PromptRecord], sampling: str) -> np.ndarray:
-    """Draw probabilities: ``1/N`` each ("uniform"), or ``1 / (T * n_tag)`` ("balanced", ``T`` tags).
+def prompt_weights(
+    prompts: list[PromptRecord], sampling: str, task_weights: Mapping[str, float] | None = None
+) -> np.ndarray:
+    """Draw probabilities: ``1/N`` each ("uniform"), or, "balanced", a task's share ``w_tag / sum_t w_t``
+    split evenly over its ``n_tag`` prompts: ``p_i = w_tag / (n_tag * sum_t w_t)``, with ``w_t`` from
+    ``task_weights`` (1 for a task it does not name; all 1 gives ``1 / (T * n_tag)``, ``T`` tags).
 
-    "balanced" needs a ``tag`` on every record (the shapes prompts carry one).
+    "balanced" needs a ``tag`` on every record (the shapes prompts carry one); ``task_weights`` only
+    goes with "balanced" and must name tags of ``prompts``.
     """
+    task_weights = dict(task_weights or {})
     if sampling == "uniform":
+        if task_weights:
+            raise ValueError(
+                "task_weights need sampling='balanced' (uniform sampling weighs every prompt equally)"
+            )
         return np.full(len(prompts), 1.0 / len(prompts))
     if sampling != "balanced":
         raise ValueError(f"sampling={sampling!r} is not allowed; use 'uniform' or 'balanced'")
@@ -70,7 +81,18 @@ def prompt_weights(prompts: list[PromptRecord], sampling: str) -> np.ndarray:
         )
     tags = [record["tag"] for record in prompts]
     counts = Counter(tags)
-    return np.array([1.0 / (len(counts) * counts[tag]) for tag in tags])
+    unknown = sorted(set(task_weights) - set(counts))
+    if unknown:
+        raise ValueError(
+            f"task_weights name tags {unknown} that no prompt has; the prompts' tags: {sorted(counts)}"
+        )
+    weight = {tag: float(task_weights.get(tag, 1.0)) for tag in counts}
+    total = sum(weight.values())
+    if total <= 0:
+        raise ValueError(
+            f"task_weights={task_weights} leave no task to draw; at least one weight must be > 0"
+        )
+    return np.array([weight[tag] / (counts[tag] * total) for tag in tags])
 
 
 def step_samples(

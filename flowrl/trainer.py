@@ -210,7 +210,7 @@ class Trainer:
         acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
         self.prompts = load_prompts(config.data.prompts)
-        self.prompt_weights = prompt_weights(self.prompts, config.data.sampling)
+        self.prompt_weights = prompt_weights(self.prompts, config.data.sampling, config.data.task_weights)
         if config.training.prompts_per_step > len(self.prompts):
             raise ValueError(
                 f"training.prompts_per_step={config.training.prompts_per_step} is more than the "

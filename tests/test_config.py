@@ -36,6 +36,12 @@ def test_shipped_recipes_are_valid():
             r"logging.tracker='mlflow' is not allowed; allowed: \['none', 'tensorboard', 'wandb'\]",
         ),
         ("training.steps", r"override 'training.steps' is not key=value"),
+        ("data.task_weights.colors=2", r"data.task_weights: task_weights need sampling='balanced'"),
+        ("data.task_weights=[1, 2]", r"data.task_weights=\[1, 2\] is not allowed; expected a mapping"),
+        (
+            "data.task_weights.colors=lots",
+            r"data.task_weights.colors='lots' is not allowed; expected a number",
+        ),
     ],
 )
 def test_bad_values_are_named(override, message):

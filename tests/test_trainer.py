@@ -183,6 +183,41 @@ def test_balanced_sampling_gives_every_task_the_same_share():
         prompt_weights([{"prompt": "a red circle"}], "balanced")
 
 
+def test_task_weights_set_each_tasks_share_of_the_draws():
+    """Balanced sampling with ``task_weights``: a task's share is its weight over the sum (unnamed tasks 1)."""
+    prompts = shipped_prompts("train")
+    weights = prompt_weights(prompts, "balanced", {"single_object": 0.5, "colors": 0, "position": 2.5})
+    shares = {}
+    for record, weight in zip(prompts, weights):
+        shares[record["tag"]] = shares.get(record["tag"], 0.0) + weight
+    expected = {"single_object": 0.5, "colors": 0.0, "position": 2.5, "two_object": 1, "counting": 1}
+    expected["color_attr"] = 1
+    assert shares == pytest.approx({tag: weight / 6 for tag, weight in expected.items()})
+    drawn = [r["tag"] for step in range(100) for r in step_samples(prompts, step, 6, 1, 0, weights).records]
+    assert "colors" not in drawn and drawn.count("position") > drawn.count("counting")
+    with pytest.raises(
+        ValueError, match=r"name tags \['posture'\] that no prompt has; the prompts' tags: \["
+    ):
+        prompt_weights(prompts, "balanced", {"posture": 2})
+    with pytest.raises(ValueError, match="leave no task to draw"):
+        prompt_weights(prompts, "balanced", dict.fromkeys(shares, 0.0))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.task_weights.posture=2", r"data.task_weights: task_weights name tags \['posture'\]"),
+        (
+            "data.task_weights.colors=-1",
+            r"data.task_weights \{'colors': -1.0\} are not allowed; every weight",
+        ),
+    ],
+)
+def test_bad_task_weights_are_config_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/shapes_nft_main.yaml", [override])
+
+
 def test_config_errors_stop_before_any_model_loads(tmp_path):
     config = load_config(
         "configs/shapes_nft.yaml",
