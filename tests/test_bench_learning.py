@@ -12,6 +12,7 @@ import yaml
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+from bench_learning import SUITES, Suite, resolve  # noqa: E402
 from learning_report import first_crossing  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -40,6 +41,15 @@ def test_the_smoke_suite_covers_every_algorithm_recipe():
         yaml.safe_load(Path(path).read_text())["algorithm"]["name"] for path in SMOKE["recipes"].values()
     }
     assert algorithms == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_suite_fits_its_recipes_to_its_budget(path):
+    """Each suite's recipes are valid configs whose images per step divide the budget and the cadence."""
+    suite = Suite.load(path)
+    for name in suite.recipes:
+        recipe = resolve(suite, name)
+        assert recipe.steps * recipe.images_per_step == suite.images and recipe.eval_every >= 1
 
 
 def test_first_crossing_is_linear_between_evaluations():
