@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of the learning benchmark: the quality recipe (configs/shapes_nft_long.yaml) at GPU scale —
-# 4x the prompts per step, bf16 autocast of the trained network — for at most 8 minutes, recording the
+# 4x the images per step, bf16 autocast of the trained network — for at most 8 minutes, recording the
 # held-out CFG-free score against training images and wall-clock (gpu_check.json, gpu_check.png).
 #
 #   bash scripts/gpu_check.sh            # on a GPU machine: writes into $OUT (the device tool's folder) or outputs/gpu_check
@@ -22,11 +22,11 @@ else
     device="cpu: $(nproc) cores"
 fi
 if [[ "${1:-}" == "--tiny" ]]; then
-    scale=(training.steps=2 training.prompts_per_step=8 training.micro_batch_size=32 evaluation.every=1
+    scale=(training.steps=2 training.prompts_per_step=4 training.micro_batch_size=32 evaluation.every=1
            evaluation.images_per_task=2 evaluation.num_steps=4)
 else
-    # 256 images per step; 120 steps = 30,720 images (the CPU recipe's 300 steps see 19,200)
-    scale=(training.steps=120 training.prompts_per_step=32 training.micro_batch_size=128 evaluation.every=20
+    # 256 images per step (16 prompts x 16); 120 steps = 30,720 images (the CPU recipe's 300 steps see 19,200)
+    scale=(training.steps=120 training.prompts_per_step=16 training.micro_batch_size=128 evaluation.every=20
            evaluation.images_per_task=64 evaluation.num_steps=20)
 fi
 mkdir -p "$out"
