@@ -20,14 +20,19 @@ only plain file names inside its own folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
 import re
 import shutil
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -83,22 +88,48 @@ def write_checkpoint(
     final = directory / step_name(step)
     temporary = directory / f"{TEMPORARY_PREFIX}{step:06d}-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
-    try:
-        _write_files(temporary, step, payload, config)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(temporary, final)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    pointer = directory / f".{LATEST}.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, directory / LATEST)
-    _fsync_directory(directory)
-    others = [path for path in list_checkpoints(directory) if path != final]
-    for old in others[: max(0, len(others) - (keep - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+    with ctrl_c_deferred():
+        try:
+            _write_files(temporary, step, payload, config)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(temporary, final)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        pointer = directory / f".{LATEST}.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, directory / LATEST)
+        _fsync_directory(directory)
+        others = [path for path in list_checkpoints(directory) if path != final]
+        for old in others[: max(0, len(others) - (keep - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and deliver it when the block ends.
+
+    A checkpoint being written is finished first: a KeyboardInterrupt raised inside ``torch.save``
+    leaves its zip writer half-closed, and the RuntimeError that writer then raises would hide the
+    interrupt (the run would end with a traceback instead of the resume hint). Signals reach only the
+    main thread, so elsewhere, and where SIGINT is ignored, the block runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+    received: list[tuple[int, FrameType | None]] = []
+    signal.signal(signal.SIGINT, lambda number, frame: received.append((number, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(*received[0])  # Python's handler: raises KeyboardInterrupt
+        elif received:
+            signal.raise_signal(signal.SIGINT)  # SIG_DFL: the default action
 
 
 def _write_files(folder: Path, step: int, payload: dict[str, Any], config: dict[str, Any] | None) -> None:

@@ -5,6 +5,7 @@ errors: test_faults_and_errors.py)."""
 import json
 import os
 import pickle
+import signal
 import warnings
 from pathlib import Path
 
@@ -141,6 +142,27 @@ def test_pruning_keeps_the_checkpoint_just_written_even_below_older_steps(tmp_pa
     write_checkpoint(tmp_path, 10, {"x": torch.tensor(10)}, keep=2)
     assert [path.name for path in list_checkpoints(tmp_path)] == ["step_000010", "step_000030"]
     assert (tmp_path / "latest").read_text().strip() == "step_000010"
+
+
+def test_a_ctrl_c_during_a_checkpoint_write_finishes_the_write_then_interrupts(tmp_path, monkeypatch):
+    """SIGINT mid-``torch.save`` (a real signal to this process): the checkpoint is completed and verified,
+    then KeyboardInterrupt is raised (not the RuntimeError a broken zip writer raises)."""
+    real_save = torch.save
+
+    def interrupted_save(value, handle):
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would, while the file is half written
+        real_save(value, handle)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_checkpoint(tmp_path, 4, {"x": torch.tensor(4), "y": torch.tensor(5)})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert resumable_checkpoint("latest", tmp_path) == tmp_path / "step_000004"
+    step, payload = read_checkpoint(tmp_path / "step_000004")
+    assert step == 4 and payload["y"].item() == 5
 
 
 def test_a_failed_write_leaves_no_temporary_folder_and_leftovers_are_cleaned(tmp_path, monkeypatch):
