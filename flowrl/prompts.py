@@ -1,7 +1,8 @@
 """Training prompts and the group-aware batch of each step.
 
 Every step draws ``prompts_per_step`` distinct prompts with a generator seeded
-by ``(seed, step)`` (uniformly, or with every task tag equally likely or as ``data.task_weights`` say) and repeats each ``group_size`` times, so the global
+by ``(seed, step)`` (uniformly, or per task tag: equally, or as ``data.task_weights``
+say) and repeats each ``group_size`` times, so the global
 sample list is the same on every process and after a resume (the data
 position is the step). Process ``k`` of ``n`` takes the ``k``-th contiguous
 slice: whole groups whenever the per-process share is a multiple of the group
