@@ -54,7 +54,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     model = load_shapes_model(args.model)
     world = get_world("video_shapes" if model.is_video else "shapes")
-    records = world.prompts("test")
+    records = world.prompts(args.split)
     overall = world.score_key("overall")
     summary = {}
     for scale in args.cfg:
@@ -62,6 +62,7 @@ def _eval(args: argparse.Namespace) -> None:
         scores, media, items, rewards = evaluate(
             partial(generate, model), records, args.images_per_task, args.steps, scale, args.seed, world
         )
+        scores["split"] = args.split
         json_path, grid_path = write_evaluation(args.out, name, scores, media, items, rewards, world=world)
         summary[name] = scores
         print(f"guidance {scale:g}: {overall} {scores[overall]:.3f}  ({json_path}, {grid_path})")
@@ -182,13 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluation = commands.add_parser(
         "eval",
-        help="GenEval-style scores on the held-out prompts of the model's world (shapes images or moving-shapes clips)",
+        help="GenEval-style scores on the held-out (or training) prompts of the model's world (shapes images or "
+        "moving-shapes clips)",
     )
     evaluation.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
     evaluation.add_argument("--cfg", type=float, nargs="+", default=[1.0], help="guidance scales to evaluate")
     evaluation.add_argument("--images-per-task", type=int, default=64)
     evaluation.add_argument("--steps", type=int, default=20)
     evaluation.add_argument("--seed", type=int, default=0)
+    evaluation.add_argument(
+        "--split",
+        choices=("test", "train"),
+        default="test",
+        help="the held-out prompts (default) or the training prompts: their gap shows over-fitting",
+    )
     evaluation.add_argument("--out", default="outputs/eval")
     evaluation.set_defaults(run=_eval)
 

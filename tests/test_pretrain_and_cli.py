@@ -130,6 +130,29 @@ def test_cli_eval_writes_json_with_geneval_keys_and_grid(tiny_model, tmp_path):
     assert set(json.loads((out / "summary.json").read_text())) == {"eval_cfg_free", "eval_cfg_3"}
 
 
+def test_cli_eval_split_train_scores_the_training_prompts(tiny_model, tmp_path, monkeypatch):
+    import flowrl.evaluation
+
+    tiny_model.save_pretrained(tmp_path / "model")
+    evaluated = []
+    real_evaluate = flowrl.evaluation.evaluate
+
+    def spy(sampler, records, *arguments):
+        evaluated.append([record["prompt"] for record in records])
+        return real_evaluate(sampler, records, *arguments)
+
+    monkeypatch.setattr(flowrl.evaluation, "evaluate", spy)
+    out = tmp_path / "eval"
+    arguments = ["eval", "--model", str(tmp_path / "model"), "--images-per-task", "1", "--steps", "1"]
+    assert main([*arguments, "--split", "train", "--out", str(out)]) == 0
+    assert evaluated[-1] == [record["prompt"] for record in shipped_prompts("train")]
+    assert json.loads((out / "eval_cfg_free.json").read_text())["split"] == "train"
+    assert main([*arguments, "--out", str(out)]) == 0
+    assert evaluated[-1] == [record["prompt"] for record in shipped_prompts("test")]
+    with pytest.raises(SystemExit):
+        main([*arguments, "--split", "validation"])
+
+
 def test_cli_sample_writes_a_grid(tiny_model, tmp_path):
     tiny_model.save_pretrained(tmp_path / "model")
     out = tmp_path / "grid.png"
