@@ -1,7 +1,8 @@
 """The learning benchmark's report (:mod:`bench_learning`): per recipe, mean ± sd over seeds of the held-out
 CFG-free score, per task, colour drift and step time; the first crossing of base + each target (images and
 training seconds, linear between evaluations, and the ratio to the reference recipe); the baselines. Writes
-``bench_learning.json``, ``bench_learning.md`` and four PNGs into the benchmark's folder.
+``bench_learning.json``, ``bench_learning.md`` and five PNGs (:mod:`learning_plots`) into the benchmark's
+folder.
 
 Training seconds are the sum of the runs' ``time/step`` (rollout, reward and update; evaluations and
 checkpoints excluded), so the evaluation cadence does not move the wall-clock axis.
@@ -17,18 +18,14 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
-import numpy as np
 import torch
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from learning_plots import plot_held_out, plot_tasks, plot_training_curve, prefix_of
 
 if TYPE_CHECKING:
     from bench_learning import Recipe, Suite
 
-REWARD_WINDOW = 10  # steps in the rolling mean of the training-reward curve
-PREFIXES = ("geneval", "videoeval")
+#: per-step training curves of a run: name in the report -> ``metrics.jsonl`` key
+TRAINING_CURVES = {"reward_curve": "reward/mean", "reference_mse_curve": "nft/reference_mse"}
 
 
 def mean_sd(values: list[float]) -> list[float | None]:
@@ -36,10 +33,6 @@ def mean_sd(values: list[float]) -> list[float | None]:
     if not values:
         return [None, None]
     return [statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None]
-
-
-def prefix_of(scores: dict[str, Any]) -> str:
-    return next(prefix for prefix in PREFIXES if f"{prefix}/overall" in scores)
 
 
 def first_crossing(curve: list[dict[str, float]], threshold: float, axis: str) -> float | None:
@@ -53,27 +46,30 @@ def first_crossing(curve: list[dict[str, float]], threshold: float, axis: str) -
 
 
 def read_run(directory: Path, images_per_step: int, base_score: float) -> dict[str, Any]:
-    """One finished run: its held-out curve (from the base at 0), training-reward curve and final scores."""
+    """One finished run: its held-out curve (from the base at 0), per-step training curves
+    (``TRAINING_CURVES``: reward, and the drift from the base where logged) and final scores."""
     rows = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line]
     final = json.loads((directory / "summary.json").read_text())["tuned"]["1"]
     prefix = prefix_of(final)
-    seconds, curve, rewards = 0.0, [{"step": 0, "images": 0, "seconds": 0.0, "held_out": base_score}], []
+    seconds, curve = 0.0, [{"step": 0, "images": 0, "seconds": 0.0, "held_out": base_score}]
+    training: dict[str, list[dict[str, float]]] = {name: [] for name in TRAINING_CURVES}
     step_times = []
     for row in rows:
         if row.get("step", 0) == 0:
             continue
         seconds += row.get("time/step", 0.0)
         step_times.append(row.get("time/step", 0.0))
-        if "reward/mean" in row:
-            rewards.append(
-                {"step": row["step"], "images": row["step"] * images_per_step, "reward": row["reward/mean"]}
-            )
+        for name, key in TRAINING_CURVES.items():
+            if key in row:
+                training[name].append(
+                    {"step": row["step"], "images": row["step"] * images_per_step, "value": row[key]}
+                )
         if f"eval/{prefix}/overall" in row:
             point = {"step": row["step"], "images": row["step"] * images_per_step, "seconds": seconds}
             curve.append({**point, "held_out": row[f"eval/{prefix}/overall"]})
     return {
         "curve": curve,
-        "reward_curve": rewards,
+        **training,
         "final": {key: value for key, value in final.items() if key.startswith(f"{prefix}/")},
         "held_out": final[f"{prefix}/overall"],
         "drift": final.get("drift/colour_tv"),
@@ -241,105 +237,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def band(axis: Any, x: list[float], values: list[list[float | None]], label: str) -> None:
-    means = np.array([v[0] for v in values], dtype=float)
-    sds = np.array([v[1] or 0.0 for v in values], dtype=float)
-    (line,) = axis.plot(x, means, marker="o", markersize=3, label=label)
-    axis.fill_between(x, means - sds, means + sds, color=line.get_color(), alpha=0.2)
-
-
-def baseline_lines(axis: Any, report: dict) -> None:
-    styles = {"1": ("k", "--"), "3": ("grey", "--")}
-    for model, baseline in report["baselines"].items():
-        key = f"{prefix_of(baseline['cfg']['1'])}/overall"
-        for scale, scores in baseline["cfg"].items():
-            color, style = styles.get(scale, ("grey", "-."))
-            axis.axhline(scores[key], color=color, linestyle=style, linewidth=1, label=f"{model} CFG {scale}")
-        for index, (n, scores) in enumerate(baseline["best_of"].items()):
-            color = ("tab:purple", "tab:pink", "tab:brown")[index % 3]
-            axis.axhline(scores[key], color=color, linestyle=":", linewidth=1, label=f"{model} best-of-{n}")
-
-
-def plot_held_out(report: dict, axis_key: str, path: Path) -> None:
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for name, summary in report["algorithms"].items():
-        x = [p["images"] if axis_key == "images" else p["seconds"][0] for p in summary["curve"]]
-        band(axis, x, [p["held_out"] for p in summary["curve"]], name)
-    baseline_lines(axis, report)
-    axis.set_xlabel("training images" if axis_key == "images" else "training seconds (mean over seeds)")
-    axis.set_ylabel("held-out CFG-free score (mean ± sd over seeds)")
-    axis.set_title(f"learning benchmark `{report['suite']}`")
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def plot_rewards(report: dict, path: Path) -> None:
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for name, summary in report["algorithms"].items():
-        curves = [[p["reward"] for p in run["reward_curve"]] for run in summary["runs"].values()]
-        length = min(len(c) for c in curves)
-        if length == 0:
-            continue
-        smoothed = np.array(
-            [
-                np.convolve(c[:length], np.ones(REWARD_WINDOW), "valid") / REWARD_WINDOW
-                if length >= REWARD_WINDOW
-                else np.array(c[:length])
-                for c in curves
-            ]
-        )
-        first_run = next(iter(summary["runs"].values()))
-        images = [p["images"] for p in first_run["reward_curve"][:length]][-smoothed.shape[1] :]
-        means, sds = (
-            smoothed.mean(axis=0),
-            smoothed.std(axis=0, ddof=1) if len(curves) > 1 else 0 * smoothed[0],
-        )
-        (line,) = axis.plot(images, means, label=name)
-        axis.fill_between(images, means - sds, means + sds, color=line.get_color(), alpha=0.2)
-    axis.set_xlabel("training images")
-    axis.set_ylabel(f"training reward (rolling mean of {REWARD_WINDOW} steps, mean ± sd over seeds)")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def plot_tasks(report: dict, path: Path) -> None:
-    names = list(report["algorithms"])
-    figure, axis = plt.subplots(figsize=(10, 4.5))
-    if names:
-        tasks = list(report["algorithms"][names[0]]["per_task"])
-        width = 0.8 / len(names)
-        for index, name in enumerate(names):
-            values = [report["algorithms"][name]["per_task"][t] for t in tasks]
-            axis.bar(
-                np.arange(len(tasks)) + index * width,
-                [v[0] for v in values],
-                width,
-                yerr=[v[1] or 0.0 for v in values],
-                capsize=2,
-                label=name,
-            )
-        axis.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2, [t.split("/")[1] for t in tasks])
-        base = report["baselines"][report["algorithms"][names[0]]["base_model"]]["cfg"]["1"]
-        for index, task in enumerate(tasks):
-            axis.hlines(
-                base.get(task, np.nan),
-                index - width / 2,
-                index + 0.8 - width / 2,
-                colors="k",
-                linestyles="--",
-            )
-    axis.set_ylim(0, 1)
-    axis.set_ylabel("held-out CFG-free accuracy (dashed: base)")
-    axis.legend(fontsize=7, ncol=4)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
 def write_report(
     out: Path,
     suite_name: str,
@@ -389,8 +286,9 @@ def write_report(
     (out / "bench_learning.md").write_text(text)
     plot_held_out(report, "images", out / "held_out_vs_images.png")
     plot_held_out(report, "seconds", out / "held_out_vs_seconds.png")
-    plot_rewards(report, out / "training_reward.png")
+    plot_training_curve(report, "reward_curve", "training reward", out / "training_reward.png")
+    plot_training_curve(report, "reference_mse_curve", "MSE of v to v_ref", out / "reference_drift.png", True)
     plot_tasks(report, out / "per_task.png")
     print(text)
-    print(f"wrote {out / 'bench_learning.json'}, {out / 'bench_learning.md'} and 4 PNGs in {out}")
+    print(f"wrote {out / 'bench_learning.json'}, {out / 'bench_learning.md'} and 5 PNGs in {out}")
     return report
