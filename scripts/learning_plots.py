@@ -14,7 +14,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-REWARD_WINDOW = 10  # steps in the rolling mean of the training curves
+CURVE_WINDOW = 10  # steps in the rolling mean of the training curves
 PREFIXES = ("geneval", "videoeval")  # the score prefixes of the worlds' evaluations
 
 
@@ -59,7 +59,7 @@ def plot_held_out(report: dict, axis_key: str, path: Path) -> None:
 
 def plot_training_curve(report: dict, curve_key: str, label: str, path: Path, log: bool = False) -> None:
     """A per-step training curve (``reward_curve`` or ``reference_mse_curve``) against training images: its
-    rolling mean over ``REWARD_WINDOW`` steps, mean ± sd over seeds; recipes that do not log it are left
+    rolling mean over ``CURVE_WINDOW`` steps, mean ± sd over seeds; recipes that do not log it are left
     out."""
     figure, axis = plt.subplots(figsize=(8, 5))
     for name, summary in report["algorithms"].items():
@@ -69,8 +69,8 @@ def plot_training_curve(report: dict, curve_key: str, label: str, path: Path, lo
             continue  # not logged, or all zero (a reference term switched off) on a log axis
         smoothed = np.array(
             [
-                np.convolve(c[:length], np.ones(REWARD_WINDOW), "valid") / REWARD_WINDOW
-                if length >= REWARD_WINDOW
+                np.convolve(c[:length], np.ones(CURVE_WINDOW), "valid") / CURVE_WINDOW
+                if length >= CURVE_WINDOW
                 else np.array(c[:length])
                 for c in curves
             ]
@@ -84,7 +84,7 @@ def plot_training_curve(report: dict, curve_key: str, label: str, path: Path, lo
         (line,) = axis.plot(images, means, label=name)
         axis.fill_between(images, means - sds, means + sds, color=line.get_color(), alpha=0.2)
     axis.set_xlabel("training images")
-    axis.set_ylabel(f"{label} (rolling mean of {REWARD_WINDOW} steps, mean ± sd over seeds)", fontsize=8)
+    axis.set_ylabel(f"{label} (rolling mean of {CURVE_WINDOW} steps, mean ± sd over seeds)", fontsize=8)
     if log:
         axis.set_yscale("log")
     if axis.get_legend_handles_labels()[0]:
