@@ -7,6 +7,7 @@ This package never imports ``flowrl``.
 
 from rewards.async_scoring import AsyncScorer
 from rewards.base import RewardError, checked_scores, score
+from rewards.brightness import brightness
 from rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from rewards.multi import MultiReward, SkippedBatch
 from rewards.registry import (
@@ -44,6 +45,7 @@ __all__ = [
     "SkippedBatch",
     "VideoShapesVerifier",
     "available_rewards",
+    "brightness",
     "build_reward",
     "checked_scores",
     "describe_rewards",

@@ -121,8 +121,10 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     if algorithm == "flow_grpo":
         for key, value in adapters_after["default"].items():
             assert torch.equal(adapters_after["old"][key], value)
-    if algorithm == "crd":  # the decoupled rollout adapter is held at its start for rollout_delay_steps
-        assert changed["rollout"] == 0 and set(adapters_after) == {"default", "old", "rollout"}
+    if algorithm == "crd":  # the decoupled rollout adapter copies the trained one for rollout_delay_steps
+        assert set(adapters_after) == {"default", "old", "rollout"}
+        for key, value in adapters_after["default"].items():
+            assert torch.equal(adapters_after["rollout"][key], value)
     assert all(p.dtype == torch.float32 and p.requires_grad for p in policy.trainable_parameters())
     with torch.no_grad():
         assert torch.equal(policy.reference_velocity(x, t, cond), reference_before)

@@ -3,18 +3,20 @@
 KL-regularised reward maximisation has the optimum ``pi* ∝ pi_ref exp(R / beta)``,
 so ``R = beta log(pi* / pi_ref) + beta log Z(c)``; within a prompt group the
 normaliser ``log Z(c)`` is shared and **centering** removes it. The implicit
-log-ratio of a sample is estimated, as in DiffusionNFT, by how much better
-``theta`` reconstructs it than the old model does, at a fresh ``x_t = (1 - t) x0 + t eps``::
+log-ratio of a sample is estimated, as in the reference code (X-GenGroup/Flow-Factory,
+``trainers/crd.py``), by how much better ``theta`` predicts the flow-matching velocity
+``v* = eps - x0`` than the old model does, at a fresh ``x_t = (1 - t) x0 + t eps``::
 
-    x0_m  = x_t - t v_m                                        m = theta, old
-    e_m   = ||x0_m - x0||² / w_m,   w_m = sg(mean |x0_m - x0|)  adaptive x0-space weighting (w = 1 when off)
+    e_m   = ||v_m - v*||² / w_m,   w_m = sg(mean |v_m - v*|)    adaptive weighting (w = 1 when off), m = theta, old
     l     = -(e_theta - e_old)                                 implicit log-ratio of theta against old
     r     = clip(A, -c, c) / (2 c) + 1/2                       optimality probability, as DiffusionNFT
     l_c, r_c = l - mean_group l,  r - mean_group r              centred within each prompt group
-    squared:   L = (beta l_c - r_c)²
-    logistic:  L = -[q log s(beta l_c) + (1 - q) log s(-beta l_c)],  q = clip(r_c + 1/2, 0, 1)
-               (s: the sigmoid; q: the chance to beat the group's average)
+    squared:   L = (c / beta) (beta l_c - r_c)²
+    logistic:  L = (c / beta) BCE(beta l_c, sigmoid(r_c))       (the reference's soft target)
 
+(``c / beta`` is the reference's scale of the policy term, as in DiffusionNFT's loss;
+the reference centres over every process's micro-batch, flowrl per prompt group, as
+the paper derives it)
 plus the **KL anchor** to the CFG-guided base model,
 ``k_i ||v_theta - v_ref^w||²`` with ``v_ref^w = v_ref(∅) + w (v_ref(c) - v_ref(∅))``
 at the anchor's guidance ``w`` (the semantics the base model is used with),
@@ -22,28 +24,30 @@ and a **reward-adaptive strength** that follows the reward level, as the paper
 describes it (small while rewards are low: fast early learning under a large
 nominal KL; growing as they rise: less late exploitation of reward loopholes)::
 
-    k = lambda s(step) (floor + (1 - floor) level),   level = clip((mean R - low) / (high - low), 0, 1)
+    k_i = lambda s(step) (floor + (1 - floor) r_i)
 
-with ``mean R`` the raw total reward of the step's global batch (computed once,
-by the advantages hook, on every process alike) and a linear schedule ``s``
-(``anchor_adaptive: reward_level``, the default). ``optimality`` is flowrl's
-earlier per-sample form ``floor + (1 - floor) r_i``: the batch mean of ``r`` is
-1/2 whatever the reward level, so it never adapts to it; ``none`` is constant.
+per sample, with ``r_i`` its optimality probability (``anchor_adaptive: optimality``,
+the default and the reference code's form: ``lambda`` 0.1, floor 1e-3) and a linear
+schedule ``s``. ``reward_level`` replaces ``r_i`` by the batch's reward level
+``clip((mean R - low) / (high - low), 0, 1)`` (``mean R`` the raw total reward of the
+step's global batch, computed once by the advantages hook): flowrl's reading of the
+paper's text, which depends on the reward's raw scale (the sanity ladder's brightness
+at 0.5 held that CRD still, its negation at -0.5 let it run); ``none`` is constant.
 The loss is the mean over samples.
 
 For the squared form the gradient through the group means vanishes exactly
 (centred residuals sum to zero in a group), so each micro-batch needs whole
 groups for the means' values only: micro-batches must hold whole groups.
 
-**Decoupled rollout copy.** Rollouts come from a separate ``rollout`` copy that is
-held at the base for ``rollout_delay_steps`` and then moves slowly
-(``theta_s <- eta theta_s + (1 - eta) theta``); the ``old`` model of the
-log-ratio follows ``theta`` on its own (DiffusionNFT's) schedule. Without the
-split the log-ratio signal collapses as old and rollout copies chase each other.
-The defaults (75, 0.0075, 0.999) are DiffusionNFT's decay_type 2 numbers, whose
-first phase *copies* theta every update; here the first phase *holds* the base
-(``rollout_first_phase: hold``, a deliberate difference: rollouts stay on the
-base's distribution while the log-ratio warms up); ``copy`` follows the reference.
+**Decoupled rollout copy.** Rollouts come from a separate ``rollout`` copy that
+follows ``theta`` for the first ``rollout_delay_steps`` optimizer updates and then
+moves slowly (``theta_s <- eta theta_s + (1 - eta) theta``, ``eta = min(rate (n - delay),
+max)``); the ``old`` model of the log-ratio follows ``theta`` on its own
+(DiffusionNFT's) schedule. Both count optimizer updates ``n`` (``old_decay_counter``),
+as the reference does. The defaults (75, 0.0075, 0.999) are the reference's
+``sampling_model_decay`` (DiffusionNFT's decay_type 2), whose first phase *copies*
+theta (``rollout_first_phase: copy``); ``hold`` keeps the base instead (flowrl's
+earlier variant, whose training reward cannot move during the delay).
 """
 
 from __future__ import annotations
@@ -73,11 +77,9 @@ if TYPE_CHECKING:
     from flowrl.policy import Policy
 
 
-def reconstruction_error(
-    v: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, adaptive: bool
-):
-    """``e = ||x0_m - x0||² / w`` per sample with ``x0_m = x_t - t v`` (``w = sg(mean |x0_m - x0|)`` or 1)."""
-    error = x_t - t * v - x0
+def velocity_error(v: torch.Tensor, target: torch.Tensor, adaptive: bool) -> torch.Tensor:
+    """``e = ||v - v*||² / w`` per sample (``w = sg(mean |v - v*|)``, at least 1e-5, or 1)."""
+    error = v - target
     squared = pixel_mean(error**2)
     if not adaptive:
         return squared
@@ -107,9 +109,8 @@ def crd_loss(
     v_theta: torch.Tensor,
     v_old: torch.Tensor,
     v_anchor: torch.Tensor,
-    x_t: torch.Tensor,
+    noise: torch.Tensor,
     x0: torch.Tensor,
-    t: torch.Tensor,
     advantages: torch.Tensor,
     group_size: int,
     beta: float,
@@ -121,21 +122,21 @@ def crd_loss(
     """The CRD loss of the module docstring, per sample; rows are whole groups of ``group_size``."""
     if x0.shape[0] % group_size:
         raise ValueError(f"CRD needs whole groups: {x0.shape[0]} rows are not groups of {group_size}")
-    x0, x_t = x0.float(), x_t.float()
-    t = t.float().reshape(-1, *([1] * (x0.ndim - 1)))
-    e_theta = reconstruction_error(v_theta.float(), x_t, x0, t, adaptive_weighting)
+    target = noise.float() - x0.float()
+    e_theta = velocity_error(v_theta.float(), target, adaptive_weighting)
     with torch.no_grad():
-        e_old = reconstruction_error(v_old.detach().float(), x_t, x0, t, adaptive_weighting)
+        e_old = velocity_error(v_old.detach().float(), target, adaptive_weighting)
     log_ratio = -(e_theta - e_old)
     r = optimality_probability(advantages.float(), advantage_clip)
     logits = beta * group_centred(log_ratio, group_size)
     if form == "squared":
         matching = (logits - group_centred(r, group_size)) ** 2
     elif form == "logistic":
-        target = (group_centred(r, group_size) + 0.5).clamp(0.0, 1.0)
-        matching = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        soft_target = torch.sigmoid(group_centred(r, group_size))
+        matching = F.binary_cross_entropy_with_logits(logits, soft_target, reduction="none")
     else:
         raise ValueError(f"unknown CRD loss form {form!r}; allowed: squared, logistic")
+    matching = matching * (advantage_clip / beta)
     strength = torch.ones_like(r) if anchor_strength is None else anchor_strength.float()
     anchor = pixel_mean((v_theta.float() - v_anchor.detach().float()) ** 2)
     return CRDTerms(matching + strength * anchor, matching, anchor, log_ratio.detach(), strength)
@@ -184,7 +185,7 @@ class CRD(DiffusionNFT):
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        x0, t, _, x_t = noised_samples(batch, pass_index)
+        x0, t, noise, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
         with torch.no_grad():
             v_old = policy.old_velocity(x_t, t, batch.cond)
@@ -194,9 +195,8 @@ class CRD(DiffusionNFT):
             v_theta,
             v_old,
             v_anchor,
-            x_t,
+            noise,
             x0,
-            t,
             batch.advantages,
             self.group_size,
             self.config.crd_beta,
@@ -219,12 +219,14 @@ class CRD(DiffusionNFT):
 
     def after_optimizer_step(self, step: int) -> StepEnd:
         config = self.config
-        old_decay = old_policy_decay(config, step, self.train_config.training.updates_per_step)
-        if config.rollout_first_phase == "copy" and step <= config.rollout_delay_steps:
+        updates_per_step = self.train_config.training.updates_per_step
+        old_decay = old_policy_decay(config, step, updates_per_step)
+        count = step * updates_per_step if config.old_decay_counter == "updates" else step
+        if config.rollout_first_phase == "copy" and count <= config.rollout_delay_steps:
             rollout_decay: float | None = 0.0
         else:
             rollout_decay = delayed_decay(
-                step,
+                count,
                 config.rollout_delay_steps,
                 config.rollout_decay_start,
                 config.rollout_decay_rate,

@@ -24,12 +24,10 @@ class CRDConfig(NFTConfig):
     anchor_weight: float = field(default=0.1, metadata=at_least(0.0))
     #: the anchor's reference velocity is the base model's CFG mix at this guidance scale
     anchor_guidance: float = field(default=4.5, metadata=at_least(1.0))
-    #: the anchor's strength factor ``floor + (1 - floor) a``: ``a`` the step's ``reward_level`` (the raw mean
-    #: reward mapped by ``anchor_reward_range`` to [0, 1], the paper's reward-adaptive KL), the per-sample
-    #: ``optimality`` probability (flowrl's earlier form, which does not follow the reward level), or ``none``
-    anchor_adaptive: str = field(
-        default="reward_level", metadata=choice("reward_level", "optimality", "none")
-    )
+    #: the anchor's strength factor ``floor + (1 - floor) a``: ``a`` the per-sample ``optimality`` probability
+    #: (the reference code's reward-adaptive KL), the step's ``reward_level`` (the raw mean reward mapped by
+    #: ``anchor_reward_range`` to [0, 1]: flowrl's reading of the paper's text), or ``none``
+    anchor_adaptive: str = field(default="optimality", metadata=choice("optimality", "reward_level", "none"))
     anchor_floor: float = field(default=0.001, metadata={"min": 0.0, "max": 1.0})
     #: raw total rewards ``[low, high]`` that map to reward levels 0 and 1
     anchor_reward_range: list[float] = field(default_factory=lambda: [0.0, 1.0])
@@ -37,15 +35,17 @@ class CRDConfig(NFTConfig):
     #: ``anchor_schedule_steps`` steps (0 = constant)
     anchor_schedule_end: float = field(default=1.0, metadata=at_least(0.0))
     anchor_schedule_steps: int = field(default=0, metadata=at_least(0))
-    #: the rollout copy: frozen (the base) for ``rollout_delay_steps``, then
-    #: ``theta_r <- eta theta_r + (1 - eta) theta`` with ``eta = min(start + rate * (step - delay), max)``
+    #: the rollout copy: a copy of theta (or, with ``hold``, the base) for ``rollout_delay_steps`` counts, then
+    #: ``theta_r <- eta theta_r + (1 - eta) theta`` with ``eta = min(start + rate * (n - delay), max)``; ``n``
+    #: counts what ``old_decay_counter`` says (optimizer updates by default, as the reference)
     rollout_delay_steps: int = field(default=75, metadata=at_least(0))
     rollout_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     rollout_decay_rate: float = field(default=0.0075, metadata=at_least(0.0))
     rollout_decay_max: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
-    #: during the delay the rollout copy ``hold``s the base (flowrl) or is a ``copy`` of theta every step
-    #: (DiffusionNFT's decay_type 2, whose numbers these defaults are)
-    rollout_first_phase: str = field(default="hold", metadata=choice("hold", "copy"))
+    #: during the delay the rollout copy is a ``copy`` of theta every step (the reference's
+    #: ``sampling_model_decay``, DiffusionNFT's decay_type 2, whose numbers these defaults are) or ``hold``s
+    #: the base (flowrl's earlier variant)
+    rollout_first_phase: str = field(default="copy", metadata=choice("copy", "hold"))
 
     def check(self, config: TrainConfig) -> None:
         super().check(config)

@@ -11,11 +11,15 @@ to ``V_theta`` and ``V_old`` at ``x_t = (1 - t) x0 + t eps``. The derivative
 term is under stop-gradient (``sg``), as in MeanFlow's own loss: its tangent
 ``eps - x0`` is the regression target, and a gradient through it makes the
 loss non-stationary at the exact MeanFlow solution (tested on Gaussian data,
-where ``u`` has a closed form). ``d/dt`` is a JVP of ``u_theta`` (exact, no
-gradient), or with ``meanflow_derivative: central`` a
-no-grad central difference taken once on the old model and shared:
-``V_theta = u_theta + (t - r) du_old/dt`` (cheaper: no forward-mode pass
-through the trained network). The reference term compares average
+where ``u`` has a closed form). ``d/dt`` is, as in the reference code
+(Harahan/MeanFlowNFT), a no-grad central difference with step ``h =
+meanflow_step`` (5e-3) taken once on the old model and shared:
+``V_theta = u_theta + (t - r) du_old/dt``, so ``V_theta - V_old = u_theta -
+u_old`` and the loss is stationary at ``theta = old`` whatever the advantages.
+``meanflow_derivative: jvp`` takes an exact JVP of ``u_theta`` instead; then
+``V_theta`` carries theta's own derivative, which drifts the model in a
+direction the advantage's sign does not decide (the sanity ladder's tiny
+MeanFlowNFT climbed brightness with the reward flipped). The reference term compares average
 velocities, ``lambda ||u_theta - u_ref||²``. At ``r = t`` everything is
 DiffusionNFT's.
 
@@ -127,7 +131,14 @@ class MeanFlowNFT(DiffusionNFT):
                 v_old, _ = induced_velocity(average(policy.old_velocity), x_t, r, t, batch.cond, direction)
             else:
                 v_old, u_old = induced_velocity(
-                    average(policy.old_velocity), x_t, r, t, batch.cond, direction, "central"
+                    average(policy.old_velocity),
+                    x_t,
+                    r,
+                    t,
+                    batch.cond,
+                    direction,
+                    "central",
+                    self.config.meanflow_step,
                 )
             u_ref = (
                 policy.reference_velocity(x_t, t, batch.cond, r=r)

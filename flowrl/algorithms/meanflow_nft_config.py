@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flowrl.algorithms.nft_config import NFTConfig
-from flowrl.config_schema import ConfigError, choice
+from flowrl.config_schema import ConfigError, at_least, choice
 
 if TYPE_CHECKING:
     from flowrl.config import TrainConfig
@@ -17,8 +17,11 @@ class MeanFlowNFTConfig(NFTConfig):
     """MeanFlowNFT (:mod:`flowrl.algorithms.meanflow_nft`): how d/dt u is taken and which interval is trained."""
 
     name: str = "meanflow_nft"
-    #: ``jvp`` through theta, or a no-grad ``central`` difference on the old model, shared
-    meanflow_derivative: str = field(default="jvp", metadata=choice("jvp", "central"))
+    #: a no-grad ``central`` difference on the old model, shared by theta and old (the reference's only
+    #: method), or ``jvp`` through theta (then V_theta also carries theta's own derivative)
+    meanflow_derivative: str = field(default="central", metadata=choice("jvp", "central"))
+    #: the central difference's time step h (the reference's ``central_diff_epsilon`` 5 of T = 1000)
+    meanflow_step: float = field(default=5e-3, metadata=at_least(0.0, strict=True))
     #: which interval ``[r, t]`` is trained (module docstring of the algorithm)
     meanflow_interval: str = field(default="pairs", metadata=choice("pairs", "grid", "equal", "uniform"))
     #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws, DESIGN.md section 6)

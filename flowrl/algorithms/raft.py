@@ -7,9 +7,11 @@ with the plain flow-matching loss. For a kept sample ``x0``, a time ``t`` and
 fresh noise ``eps``::
 
     x_t = (1 - t) x0 + t eps
-    L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²     (mean over pixels)
+    L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²  +  lambda || v_theta - v_ref ||²
 
-The rollout copy is the trained model itself after every step (on-policy
+(means over pixels; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
+too: fitting its own samples drifts a model away from its data, and without the pull the shapes model loses
+its colours within 60 steps). The rollout copy is the trained model itself after every step (on-policy
 sampling, RAFT's iterate "sample, rank, fine-tune"). Rejection sampling plus
 supervised fine-tuning is the simplest use of the same rollouts: what it
 reaches is what sharpening alone gives.
@@ -81,8 +83,16 @@ class RAFT(ForwardProcessAlgorithm):
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0, t, noise, x_t = noised_samples(batch, pass_index)
-        losses = flow_matching_loss(policy.velocity(x_t, t, batch.cond), x0, noise)
-        return weighted_mean(losses, batch.weights), {"raft/flow_matching_loss": losses.detach()}
+        v_theta = policy.velocity(x_t, t, batch.cond)
+        fit = flow_matching_loss(v_theta, x0, noise)
+        pull = torch.zeros_like(fit)
+        if self.config.reference_weight > 0:
+            with torch.no_grad():
+                v_ref = policy.reference_velocity(x_t, t, batch.cond)
+            pull = pixel_mean((v_theta.float() - v_ref.float()) ** 2)
+        losses = fit + self.config.reference_weight * pull
+        stats = {"raft/flow_matching_loss": fit.detach(), "raft/reference_mse": pull.detach()}
+        return weighted_mean(losses, batch.weights), stats
 
     def after_optimizer_step(self, step: int) -> StepEnd:
         """The rollout copy becomes the trained model (on-policy sampling next step)."""
