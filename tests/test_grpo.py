@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_trainer import TINY_RUN
 
-from flowrl.advantages import group_advantages
+from flowrl.advantages import RewardBatch, group_advantages
 from flowrl.algorithms.base import TrainBatch
 from flowrl.algorithms.branch_grpo import BranchGRPO, depth_advantages, node_rewards, trained_edges
 from flowrl.algorithms.flow_grpo import FlowGRPO
@@ -303,15 +303,18 @@ def test_same_group_noise_and_dropped_zero_std_groups(tiny_model):
     )
     policy = make_policy(ShapesFlowModel(tiny_model))
     rewards = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.0, 1.0])
+    algorithm = FlowGRPO(config)
+    algorithm.advantages(RewardBatch({"r": rewards}, {"r": 1.0}, rewards, torch.arange(8) // 4))
     chunk, cond, rows = rollout_rows(
-        FlowGRPO(config), policy, config, ["a red circle", "two blue squares"], rewards=rewards
+        algorithm, policy, config, ["a red circle", "two blue squares"], rewards=rewards
     )
     starts = rows.data["latents"][:, 0]
     assert all(torch.equal(starts[i], starts[(i // 4) * 4]) for i in range(8))
     assert not torch.equal(starts[0], starts[4]) and not torch.equal(
         chunk.x0[0], chunk.x0[1]
     )  # SDE noise differs
-    assert rows.weights.tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and rows.log == {"grpo/dropped_samples": 0.5}
+    # the kept half carries the whole loss: it averages over the kept samples, as the reference
+    assert rows.weights.tolist() == [0, 0, 0, 0, 2, 2, 2, 2] and rows.log == {"grpo/dropped_samples": 0.5}
 
 
 @pytest.mark.parametrize("width", ["best_half", "best_and_worst"])

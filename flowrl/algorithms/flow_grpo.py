@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flowrl.advantages import zero_std_groups
+from flowrl.advantages import RewardBatch, zero_std_groups
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
 from flowrl.algorithms.grpo import GRPOAlgorithm, sde_window
 from flowrl.algorithms.grpo_config import FlowGRPOConfig
@@ -38,6 +38,13 @@ class FlowGRPO(GRPOAlgorithm):
         stochastic = self.config.sde_window_size or num_steps - 1
         span = self.config.sde_window_size or num_steps
         self.passes = min(stochastic, max(1, int(self.config.timestep_fraction * span + 1e-9)))
+        #: the share of the global batch's samples in groups whose rewards differ, set by :meth:`advantages`
+        self.kept_share = 1.0
+
+    def advantages(self, rewards: RewardBatch) -> torch.Tensor:
+        """The default group advantages; also the share of samples that ``drop_zero_std_groups`` keeps."""
+        self.kept_share = float(1 - rewards.zero_std_groups().float().mean())
+        return super().advantages(rewards)
 
     def rollout(
         self,
@@ -73,10 +80,11 @@ class FlowGRPO(GRPOAlgorithm):
     ) -> TrainRows:
         data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}
         weights, log = None, {}
-        if self.config.drop_zero_std_groups:
+        if self.config.drop_zero_std_groups:  # the loss averages over the global batch's kept samples
             group_size = self.train_config.training.group_size
             keep = (~zero_std_groups(rewards, group_size)).float().repeat_interleave(group_size)
-            weights, log = keep, {"grpo/dropped_samples": float(1 - keep.mean())}
+            weights = keep / self.kept_share if self.kept_share > 0 else keep
+            log = {"grpo/dropped_samples": 1 - self.kept_share}
         return TrainRows(data, torch.arange(advantages.shape[0]), advantages, weights, log)
 
     def draw(

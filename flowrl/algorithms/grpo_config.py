@@ -73,7 +73,7 @@ class FlowGRPOConfig(GRPOConfig):
     trained_steps: str = field(default="first", metadata=choice("first", "random"))
     #: all samples of a group start from the same noise (they differ by their SDE noise only)
     same_group_noise: bool = False
-    #: groups whose rewards are all equal get weight 0 in the loss
+    #: groups whose rewards are all equal get weight 0 in the loss, which averages over the kept samples
     drop_zero_std_groups: bool = False
 
     def check(self, config: TrainConfig) -> None:
