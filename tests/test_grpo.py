@@ -367,3 +367,20 @@ def test_branchgrpo_batch_std_is_global_so_two_processes_train_as_one(tmp_path, 
     _, weights_two = final_weights(tmp_path / "two")
     for name, value in weights_one["model"].items():
         torch.testing.assert_close(weights_two["model"][name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_mode_2_breaks_ties_chain_by_chain_as_the_reference(tiny_model):
+    """With every post-split advantage tied, the stable selection keeps edges in the reference's depth-first
+    order: whole chains (both post-split steps of a chain together), not the shallower step of every chain."""
+    config = grpo_config("branchgrpo", "algorithm.width_pruning=best_and_worst")
+    policy = make_policy(ShapesFlowModel(tiny_model))
+    algorithm = BranchGRPO(config)
+    _, _, rows = rollout_rows(algorithm, policy, config, ["a red circle"], rewards=torch.full((4,), 0.5))
+    grid = timesteps(config.sampler.num_steps)
+    after = rows.data["t"] < float(grid[2]) - 1e-6
+    kept_x = rows.data["x"][after]
+    # 4 chains x 2 post-split steps; best = 2 first edges in order (chain 0's two steps), worst = the last 2
+    # (chain 3's): each kept pair is one chain's consecutive steps, the second starting where the first ended
+    kept_next = rows.data["x_next"][after]
+    assert after.sum() == 4
+    assert torch.equal(kept_x[1], kept_next[0]) and torch.equal(kept_x[3], kept_next[2])

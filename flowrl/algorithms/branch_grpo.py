@@ -182,9 +182,19 @@ def trained_edges(
     return keep
 
 
+def chain_of_nodes(tree: TreeRollout) -> torch.Tensor:
+    """``[num_nodes]``: the index of a leaf below each node (after the last split a node has exactly one,
+    so this numbers the chains depth-first; nodes above a split get their last leaf, unused)."""
+    chain = torch.zeros_like(tree.depth)
+    paths = tree.ancestors(tree.leaf_nodes)
+    chain[paths] = torch.arange(paths.shape[0], device=chain.device).unsqueeze(1).expand_as(paths)
+    return chain
+
+
 def best_and_worst(post_split: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """The reference's width pruning mode 2 over pooled transitions: of ``n`` keep ``max(2, int(n / 2))``,
-    half with the highest advantages and the rest with the lowest; returns the kept positions."""
+    half with the highest advantages and the rest with the lowest; returns the kept positions. Ties keep
+    the order of ``post_split`` (the reference's: tree by tree, chain by chain, depth by depth)."""
     count = max(2, int(len(post_split) * 0.5))
     if count >= len(post_split):
         return post_split
@@ -322,13 +332,15 @@ class BranchGRPO(GRPOAlgorithm):
                 "advantage": node_advantages[nodes],
                 "cond_index": offset + tree.tree[nodes] * self.group_size,
                 "post_split": depth - 1 > self.last_split,
+                "chain_order": (offset + chain_of_nodes(tree)[nodes]) * (self.num_steps + 1) + depth,
             }
             for key, value in columns.items():
                 parts.setdefault(key, []).append(value)
         data = {key: torch.cat(values) for key, values in parts.items()}
-        post_split = data.pop("post_split")
-        if self.config.width_pruning == "best_and_worst":
+        post_split, chain_order = data.pop("post_split"), data.pop("chain_order")
+        if self.config.width_pruning == "best_and_worst":  # the post-split edges in depth-first order
             after = torch.nonzero(post_split).flatten()
+            after = after[chain_order[after].argsort(stable=True)]
             kept = torch.cat([torch.nonzero(~post_split).flatten(), best_and_worst(after, data["advantage"])])
             data = {key: value[kept] for key, value in data.items()}
         return TrainRows(data, data.pop("cond_index"), data.pop("advantage"))
