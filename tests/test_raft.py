@@ -37,8 +37,15 @@ def test_the_kept_samples_are_the_best_of_each_group_earlier_first_among_ties(ke
 def test_flow_matching_loss_equals_the_formula():
     g = torch.Generator().manual_seed(0)
     v_theta, x0, eps = (torch.randn(3, 3, 4, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    t = torch.rand(3, generator=g, dtype=torch.float64)
     expected = torch.stack([((v_theta[i] - (eps[i] - x0[i])) ** 2).mean() for i in range(3)])
-    torch.testing.assert_close(flow_matching_loss(v_theta, x0, eps).double(), expected)
+    torch.testing.assert_close(flow_matching_loss(v_theta, x0, eps, t).double(), expected)
+    # DiffusionNFT's weighting of a positive sample: the x0-space error x_t - t v - x0, squared, over its
+    # own mean absolute value (x_t written out from x0 and eps)
+    x_t = [(1 - t[i]) * x0[i] + t[i] * eps[i] for i in range(3)]
+    errors = [x_t[i] - t[i] * v_theta[i] - x0[i] for i in range(3)]
+    weighted = torch.stack([(e**2).mean() / e.abs().mean() for e in errors])
+    torch.testing.assert_close(flow_matching_loss(v_theta, x0, eps, t, adaptive=True).double(), weighted)
 
 
 def test_rows_are_the_kept_samples_with_their_conditioning_and_advantages(tmp_path):

@@ -25,7 +25,7 @@ import torch
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean, whole_groups
-from flowrl.algorithms.nft import ForwardProcessAlgorithm, noised_samples, pixel_mean
+from flowrl.algorithms.nft import ADAPTIVE_WEIGHT_MIN, ForwardProcessAlgorithm, noised_samples, pixel_mean
 from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.policy import ROLLOUT
 
@@ -43,9 +43,19 @@ def best_of_groups(rewards: torch.Tensor, group_size: int, keep: int) -> torch.T
     return (order + offsets).flatten().sort().values
 
 
-def flow_matching_loss(v_theta: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``||v_theta - (eps - x0)||²`` per sample (mean over pixels)."""
-    return pixel_mean((v_theta.float() - (noise.float() - x0.float())) ** 2)
+def flow_matching_loss(
+    v_theta: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, adaptive: bool = False
+) -> torch.Tensor:
+    """``||v_theta - (eps - x0)||²`` per sample (mean over pixels); ``adaptive``: DiffusionNFT's weighting of
+    its positive term instead, the x0-space error ``x_t - t v_theta - x0 = -t (v_theta - (eps - x0))``
+    squared and divided by its own detached mean absolute value."""
+    error = v_theta.float() - (noise.float() - x0.float())
+    if not adaptive:
+        return pixel_mean(error**2)
+    error = t.float().reshape(-1, *([1] * (error.ndim - 1))) * error
+    with torch.no_grad():
+        weight = pixel_mean(error.abs()).clamp(min=ADAPTIVE_WEIGHT_MIN)
+    return pixel_mean(error**2) / weight
 
 
 class RAFT(ForwardProcessAlgorithm):
@@ -84,7 +94,7 @@ class RAFT(ForwardProcessAlgorithm):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x0, t, noise, x_t = noised_samples(batch, pass_index)
         v_theta = policy.velocity(x_t, t, batch.cond)
-        fit = flow_matching_loss(v_theta, x0, noise)
+        fit = flow_matching_loss(v_theta, x0, noise, t, self.config.adaptive_weighting)
         pull = torch.zeros_like(fit)
         if self.config.reference_weight > 0:
             with torch.no_grad():

@@ -22,6 +22,9 @@ class RAFTConfig(ForwardProcessConfig):
     #: samples kept per group: the ``keep_per_group`` highest total rewards (ties: the earlier sample)
     keep_per_group: int = field(default=1, metadata=at_least(1))
     train_timesteps: int = field(default=2, metadata=at_least(1))
+    #: weigh each sample's error as DiffusionNFT's positive term does (x0-space, divided by its own detached
+    #: mean absolute error) instead of the plain velocity-space flow-matching loss
+    adaptive_weighting: bool = False
     #: lambda of the pull ``lambda ||v_theta - v_ref||²`` towards the frozen base (0: plain RAFT)
     reference_weight: float = field(default=0.0, metadata=at_least(0.0))
 
