@@ -60,6 +60,9 @@ class Suite:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     #: images (final samples) every run trains on: the equal budget
     images: int = 3840
+    #: recipe name -> its own image budget where it differs from ``images`` (a long run of a slow learner
+    #: beside the reference's usual budget, to time its crossing of the targets)
+    recipe_images: dict[str, int] = field(default_factory=dict)
     #: the held-out evaluation (CFG-free) runs every this many images
     eval_every_images: int = 1280
     #: the evaluation's images per task and Euler steps (``None``: the recipe's own)
@@ -84,6 +87,11 @@ class Suite:
         suite = cls(**raw)
         if not suite.recipes or not suite.seeds:
             raise SystemExit(f"{path}: a suite needs at least one recipe and one seed")
+        unknown_budgets = sorted(set(suite.recipe_images) - set(suite.recipes))
+        if unknown_budgets:
+            raise SystemExit(
+                f"{path}: recipe_images names {unknown_budgets}, which are not recipes of the suite"
+            )
         if suite.reference not in suite.recipes:
             raise SystemExit(
                 f"{path}: reference={suite.reference!r} is not one of the recipes {list(suite.recipes)}"
@@ -113,7 +121,8 @@ def resolve(suite: Suite, name: str) -> Recipe:
     """Load and validate the recipe (no model is loaded) and fit it to the suite's budget."""
     config = load_config(suite.recipes[name], suite.overrides)
     per_step = config.images_per_step
-    for what, images in (("images", suite.images), ("eval_every_images", suite.eval_every_images)):
+    budget = suite.recipe_images.get(name, suite.images)
+    for what, images in (("images", budget), ("eval_every_images", suite.eval_every_images)):
         if images % per_step:
             raise SystemExit(
                 f"{what}={images} is not a whole number of steps of recipe {name!r} ({per_step} images per step)"
@@ -123,7 +132,7 @@ def resolve(suite: Suite, name: str) -> Recipe:
         suite.recipes[name],
         config.model.name,
         per_step,
-        suite.images // per_step,
+        budget // per_step,
         suite.eval_every_images // per_step,
         suite.eval_num_steps or config.evaluation.num_steps,
     )

@@ -164,7 +164,9 @@ def markdown(report: dict) -> str:
     reference = report["reference"]
     lines = [
         f"Suite `{report['suite']}`, {report['date']}, {report['machine']['cpus']} CPU cores "
-        f"({report['machine']['platform']}), seeds {report['seeds']}, {report['images_per_run']} images per run.",
+        f"({report['machine']['platform']}), seeds {report['seeds']}, {report['images_per_run']} images per run"
+        + "".join(f" ({name}: {images})" for name, images in report.get("recipe_images", {}).items())
+        + ".",
         f"Command: `{report['command']}`",
         "",
         "| recipe | seeds | held-out CFG-free | gain over base | colour drift | s/step | training s |"
@@ -274,6 +276,7 @@ def write_report(
         },
         "seeds": suite.seeds,
         "images_per_run": suite.images,
+        "recipe_images": suite.recipe_images,
         "eval_every_images": suite.eval_every_images,
         "eval_images_per_task": suite.eval_images_per_task,
         "reference": suite.reference,

@@ -129,6 +129,8 @@ def test_a_suite_with_an_unknown_key_or_an_uneven_budget_is_refused(tmp_path):
     for change, message in (
         ({"steps": 3}, "unknown keys ['steps']"),
         ({"images": 100}, "images=100 is not a whole number of steps"),
+        ({"recipe_images": {"nft": 100}}, "images=100 is not a whole number of steps of recipe 'nft'"),
+        ({"recipe_images": {"not_a_recipe": 128}}, "recipe_images names ['not_a_recipe']"),
     ):
         bad.write_text(yaml.safe_dump({**SMOKE, **change}))
         result = subprocess.run(
