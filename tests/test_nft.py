@@ -81,3 +81,16 @@ def test_training_times_are_distinct_grid_times_or_uniform():
         )
     sampled = training_times(torch.Generator().manual_seed(0), 6, 4, grid, "sampled")
     assert sampled.shape == (4, 6) and ((sampled > 0) & (sampled < 1)).all()
+
+
+def test_training_times_respect_the_minimum_time():
+    from flowrl.config import ConfigError
+
+    grid = timesteps(10)
+    drawn = training_times(torch.Generator().manual_seed(0), 64, 3, grid, "grid", minimum=0.5)
+    assert bool((drawn >= 0.5 - 1e-6).all()) and set(drawn.flatten().tolist()) <= set(grid[:6].tolist())
+    assert all(len(set(column.tolist())) == 3 for column in drawn.T)  # distinct times per sample
+    sampled = training_times(torch.Generator().manual_seed(0), 64, 3, grid, "sampled", minimum=0.5)
+    assert bool((sampled >= 0.5).all()) and bool((sampled <= 1).all())
+    with pytest.raises(ConfigError, match="train_timesteps=7 is more than the 6 rollout-grid times"):
+        training_times(torch.Generator(), 4, 7, grid, "grid", minimum=0.5)

@@ -32,6 +32,7 @@ import torch
 
 from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean
 from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.config_schema import ConfigError
 from flowrl.policy import OLD
 from samplers import ODE_SOLVERS, VelocityFn
 
@@ -127,16 +128,27 @@ def delayed_decay(step: int, delay: int, start: float, rate: float, maximum: flo
 
 
 def training_times(
-    generator: torch.Generator, num_samples: int, count: int, grid: torch.Tensor, mode: str
+    generator: torch.Generator,
+    num_samples: int,
+    count: int,
+    grid: torch.Tensor,
+    mode: str,
+    minimum: float = 0.0,
 ) -> torch.Tensor:
-    """``[count, num_samples]`` training times: distinct rollout-grid times per sample, or ``U(0, 1)``.
+    """``[count, num_samples]`` training times: distinct rollout-grid times per sample, or ``U(minimum, 1)``.
 
     The grid mode draws, for every sample, ``count`` different times among the
-    grid's ``S`` non-zero times (``t_0 .. t_{S-1}``).
+    grid's non-zero times (``t_0 .. t_{S-1}``) that are at least ``minimum``.
     """
     if mode == "sampled":
-        return torch.rand(count, num_samples, generator=generator).clamp(min=1e-3)
+        return minimum + (1 - minimum) * torch.rand(count, num_samples, generator=generator).clamp(min=1e-3)
     candidates = grid[:-1].float()
+    candidates = candidates[candidates >= minimum - 1e-6]
+    if len(candidates) < count:
+        raise ConfigError(
+            f"algorithm.train_timesteps={count} is more than the {len(candidates)} rollout-grid times at or "
+            f"above algorithm.min_train_time={minimum:g}; lower either, or use algorithm.timesteps=sampled"
+        )
     order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[:, :count]
     return candidates[order].T.contiguous()
 
@@ -186,7 +198,9 @@ class ForwardProcessAlgorithm(Algorithm):
         grid: torch.Tensor,
         step: int,
     ) -> dict[str, torch.Tensor]:
-        times = training_times(generator, num_samples, self.passes, grid, self.config.timesteps)
+        times = training_times(
+            generator, num_samples, self.passes, grid, self.config.timesteps, self.config.min_train_time
+        )
         noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
         return {"t": times, "noise": noise}
 

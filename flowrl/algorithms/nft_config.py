@@ -22,6 +22,9 @@ class ForwardProcessConfig(AlgorithmConfig):
     timesteps: str = field(default="grid", metadata=choice("grid", "sampled"))
     #: training times (loss passes) per sample and step
     train_timesteps: int = field(default=4, metadata=at_least(1))
+    #: no training time below this (0: all); a fit to the model's own samples at low noise teaches their
+    #: pixel-level flaws (RAFT on the shapes world)
+    min_train_time: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
 
     def check(self, config: TrainConfig) -> None:
         if self.timesteps == "grid" and self.train_timesteps > config.sampler.num_steps:
