@@ -342,6 +342,7 @@ class BranchGRPO(GRPOAlgorithm):
             after = torch.nonzero(post_split).flatten()
             after = after[chain_order[after].argsort(stable=True)]
             kept = torch.cat([torch.nonzero(~post_split).flatten(), best_and_worst(after, data["advantage"])])
+            kept = kept.sort().values  # rows in node order, whichever were kept
             data = {key: value[kept] for key, value in data.items()}
         return TrainRows(data, data.pop("cond_index"), data.pop("advantage"))
 
