@@ -156,12 +156,9 @@ def test_first_inner_step_ratios_are_exactly_one(tiny_model, name):
     draws = algorithm.draw(torch.Generator().manual_seed(5), 2 * group, policy.sample_shape, grid, 1)
     for pass_index in range(algorithm.passes):
         _, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index, 1)
-        if (
-            name == "branchgrpo"
-        ):  # a tree's frontiers are not the rows' batch: equal up to the kernels' last bits
-            torch.testing.assert_close(
-                stats["grpo/ratio"], torch.ones_like(stats["grpo/ratio"]), rtol=0, atol=1e-6
-            )
+        if name == "branchgrpo":  # a tree's frontiers are not the rows' batch: equal up to the last bits
+            ones = torch.ones_like(stats["grpo/ratio"])
+            torch.testing.assert_close(stats["grpo/ratio"], ones, rtol=0, atol=1e-5)
         else:
             assert bool((stats["grpo/ratio"] == 1).all())
         assert float(stats["grpo/clip_fraction"].sum()) == 0
