@@ -53,12 +53,13 @@ def test_flow_grpo_trains_the_first_steps_in_order_by_default():
     """``train_timesteps = range(int(num_steps * timestep_fraction))`` for every sample (reference);
     ``trained_steps: random`` draws a distinct subset per sample."""
     grid = timesteps(10)
-    first = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml"))
+    flat = ["algorithm.sde_window_size=0", "algorithm.timestep_fraction=0.25"]  # the recipe trains a window
+    first = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml", flat))
     draws = first.draw(torch.Generator().manual_seed(0), 6, (3, 32, 32), grid, 1)["step"]
     assert first.passes == int(10 * 0.25) and draws.tolist() == [[0] * 6, [1] * 6]
-    full = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml", ["algorithm.timestep_fraction=1.0"]))
+    full = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml", [*flat, "algorithm.timestep_fraction=1.0"]))
     assert full.passes == 9  # int(10 * 1.0) capped at the 9 stochastic steps (the reference runs 0.99)
-    random = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml", ["algorithm.trained_steps=random"]))
+    random = FlowGRPO(load_config("configs/shapes_flowgrpo.yaml", [*flat, "algorithm.trained_steps=random"]))
     drawn = random.draw(torch.Generator().manual_seed(0), 64, (3, 32, 32), grid, 1)["step"]
     assert drawn.shape == (2, 64) and len(set(drawn.flatten().tolist())) > 2
     assert bool((drawn[0] != drawn[1]).all())

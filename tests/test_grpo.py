@@ -21,9 +21,14 @@ from samplers import TreeRollout, guided_velocity, select_rows, timesteps
 #: the tiny run without DiffusionNFT's keys (a GRPO algorithm section has no train_timesteps)
 TINY_GRPO_RUN = [override for override in TINY_RUN if not override.startswith("algorithm.")]
 
-#: trees small enough for the tiny runs: 5 steps, splits at 0 and 2 (Mix: 0 and 1) -> 4 leaves
+#: trees small enough for the tiny runs: 5 steps, splits at 0 and 2 (Mix: 0 and 1) -> 4 leaves; flat Flow-GRPO
+#: as the reference runs it (every step stochastic, noise per sample), not the shapes recipe's window
 TINY_TREE = {
-    "flowgrpo": [],
+    "flowgrpo": [
+        "algorithm.sde_window_size=0",
+        "algorithm.same_group_noise=false",
+        "algorithm.timestep_fraction=0.25",
+    ],
     "branchgrpo": ["sampler.num_steps=5", "algorithm.split_steps=[0,2]", "training.micro_batch_size=4"],
     "branchgrpo_mix": [
         "sampler.num_steps=5",
