@@ -256,3 +256,22 @@ def test_the_anchor_strength_follows_the_reward_level_of_the_global_batch():
             None,
             ["algorithm.name=crd", "algorithm.anchor_reward_range=[1, 0]", "training.micro_batch_size=8"],
         )
+
+
+def test_the_x0_space_errors_are_the_velocity_errors_times_t():
+    """``crd_error_space: x0``: each model's error is ``x_t - t v - x0`` (written out from x0, eps and t), its
+    adaptive weight its own mean absolute value; the rest of the loss as in velocity space."""
+    v_theta, v_old, v_anchor, eps, x0, advantages = random_batch()
+    t = torch.linspace(0.1, 0.9, 6, dtype=torch.float64)
+    terms = crd_loss(v_theta, v_old, v_anchor, eps, x0, advantages, GROUP, 1.0, 5.0, x0_space_t=t)
+    ratios = []
+    for i in range(6):
+        x_t = (1 - t[i]) * x0[i] + t[i] * eps[i]
+        errors = [x_t - t[i] * v - x0[i] for v in (v_theta[i], v_old[i])]
+        ratios.append(
+            -(
+                (errors[0] ** 2).mean() / errors[0].abs().mean()
+                - (errors[1] ** 2).mean() / errors[1].abs().mean()
+            )
+        )
+    torch.testing.assert_close(terms.log_ratio.double(), torch.stack(ratios), rtol=1e-5, atol=1e-6)

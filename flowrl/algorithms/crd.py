@@ -15,6 +15,8 @@ log-ratio of a sample is estimated, as in the reference code (X-GenGroup/Flow-Fa
     logistic:  L = (c / beta) BCE(beta l_c, sigmoid(r_c))       (the reference's soft target)
 
 (``c / beta`` is the reference's scale of the policy term, as in DiffusionNFT's loss;
+``crd_error_space: x0`` takes the errors in x0 space instead, ``t (v - v*) = -(x_t - t v - x0)``,
+flowrl's earlier form: for a sample-predicting model the velocity error is the x0 error over ``t``;
 the reference centres over every process's micro-batch, flowrl per prompt group, as
 the paper derives it)
 plus the **KL anchor** to the CFG-guided base model,
@@ -77,9 +79,14 @@ if TYPE_CHECKING:
     from flowrl.policy import Policy
 
 
-def velocity_error(v: torch.Tensor, target: torch.Tensor, adaptive: bool) -> torch.Tensor:
-    """``e = ||v - v*||² / w`` per sample (``w = sg(mean |v - v*|)``, at least 1e-5, or 1)."""
+def velocity_error(
+    v: torch.Tensor, target: torch.Tensor, adaptive: bool, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``e = ||s (v - v*)||² / w`` per sample (``w = sg(mean |s (v - v*)|)``, at least 1e-5, or 1); ``s = 1``
+    (velocity space) or ``s = t`` per sample (x0 space: ``t (v - v*) = -(x_t - t v - x0)``)."""
     error = v - target
+    if scale is not None:
+        error = scale.reshape(-1, *([1] * (error.ndim - 1))) * error
     squared = pixel_mean(error**2)
     if not adaptive:
         return squared
@@ -118,14 +125,17 @@ def crd_loss(
     form: str = "squared",
     adaptive_weighting: bool = True,
     anchor_strength: torch.Tensor | None = None,
+    x0_space_t: torch.Tensor | None = None,
 ) -> CRDTerms:
-    """The CRD loss of the module docstring, per sample; rows are whole groups of ``group_size``."""
+    """The CRD loss of the module docstring, per sample; rows are whole groups of ``group_size``; with
+    ``x0_space_t`` (the rows' times) the errors are taken in x0 space (``crd_error_space: x0``)."""
     if x0.shape[0] % group_size:
         raise ValueError(f"CRD needs whole groups: {x0.shape[0]} rows are not groups of {group_size}")
     target = noise.float() - x0.float()
-    e_theta = velocity_error(v_theta.float(), target, adaptive_weighting)
+    scale = None if x0_space_t is None else x0_space_t.float()
+    e_theta = velocity_error(v_theta.float(), target, adaptive_weighting, scale)
     with torch.no_grad():
-        e_old = velocity_error(v_old.detach().float(), target, adaptive_weighting)
+        e_old = velocity_error(v_old.detach().float(), target, adaptive_weighting, scale)
     log_ratio = -(e_theta - e_old)
     r = optimality_probability(advantages.float(), advantage_clip)
     logits = beta * group_centred(log_ratio, group_size)
@@ -204,6 +214,7 @@ class CRD(DiffusionNFT):
             self.config.crd_loss,
             self.config.adaptive_weighting,
             self.anchor_strength(batch.advantages, step),
+            t if self.config.crd_error_space == "x0" else None,
         )
         stats = {
             "crd/matching_loss": terms.matching.detach(),

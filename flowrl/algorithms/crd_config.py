@@ -19,6 +19,9 @@ class CRDConfig(NFTConfig):
 
     name: str = "crd"
     crd_loss: str = field(default="squared", metadata=choice("squared", "logistic"))
+    #: the errors of the implicit log-ratio: ``velocity`` (against ``eps - x0``, the reference code) or ``x0``
+    #: space (the same times ``t``, flowrl's earlier form, DiffusionNFT's space)
+    crd_error_space: str = field(default="velocity", metadata=choice("velocity", "x0"))
     #: beta of ``beta * l_theta`` matched to the centred optimality probability
     crd_beta: float = field(default=1.0, metadata=at_least(0.0, strict=True))
     anchor_weight: float = field(default=0.1, metadata=at_least(0.0))
