@@ -22,9 +22,9 @@ the paper derives it)
 plus the **KL anchor** to the CFG-guided base model,
 ``k_i ||v_theta - v_ref^w||²`` with ``v_ref^w = v_ref(∅) + w (v_ref(c) - v_ref(∅))``
 at the anchor's guidance ``w`` (the semantics the base model is used with),
-and a **reward-adaptive strength** that follows the reward level, as the paper
-describes it (small while rewards are low: fast early learning under a large
-nominal KL; growing as they rise: less late exploitation of reward loopholes)::
+and a **reward-adaptive strength** (the paper: small where rewards are low, for fast
+early learning under a large nominal KL; larger where they are high, against late
+exploitation of reward loopholes)::
 
     k_i = lambda s(step) (floor + (1 - floor) r_i)
 
