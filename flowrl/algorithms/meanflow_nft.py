@@ -126,8 +126,12 @@ class MeanFlowNFT(DiffusionNFT):
         def average(network):
             return lambda x, r_, t_, c: network(x, t_, c, r=r_)
 
+        # at r = t the derivative term (t - r) du/dt vanishes: V = u, no extra passes (``meanflow_interval: equal``)
+        derivative = "none" if bool((t == r).all()) else self.derivative
         with torch.no_grad():
-            if self.derivative == "jvp":
+            if derivative == "none":
+                v_old = u_old = policy.old_velocity(x_t, t, batch.cond, r=r)
+            elif derivative == "jvp":
                 v_old, _ = induced_velocity(average(policy.old_velocity), x_t, r, t, batch.cond, direction)
             else:
                 v_old, u_old = induced_velocity(
@@ -145,7 +149,7 @@ class MeanFlowNFT(DiffusionNFT):
                 if self.config.reference_weight > 0
                 else None
             )
-        if self.derivative == "jvp":
+        if derivative == "jvp":
             v_theta, u_theta = induced_velocity(average(policy.velocity), x_t, r, t, batch.cond, direction)
         else:
             u_theta = policy.velocity(x_t, t, batch.cond, r=r)
