@@ -43,9 +43,16 @@ from flowrl.run_log import read_metrics  # noqa: E402
 from flowrl.trainer import Trainer  # noqa: E402
 from rewards import AsyncScorer  # noqa: E402
 
+#: the BranchGRPO recipes' batch (one tree of 8 leaves per prompt), for Flow-GRPO too
+EIGHT_BY_EIGHT = ["training.prompts_per_step=8", "training.group_size=8"]
 #: (name, recipe, overrides): the same 8 prompts x 8 final images per iteration for all of them
 VARIANTS = [
-    ("flow_grpo (flat)", "configs/shapes_flowgrpo.yaml", ["algorithm.timestep_fraction=1.0"]),
+    (
+        "flow_grpo (flat)",  # every step stochastic and trained, noise per sample: the reference's form
+        "configs/shapes_flowgrpo.yaml",
+        [*EIGHT_BY_EIGHT, "algorithm.sde_window_size=0", "algorithm.same_group_noise=false"],
+    ),
+    ("flow_grpo (window 3, the recipe)", "configs/shapes_flowgrpo.yaml", EIGHT_BY_EIGHT),
     ("branch_grpo", "configs/shapes_branchgrpo.yaml", ["algorithm.width_pruning=none"]),
     (
         "branch_grpo + depth pruning",  # the reference's: the transitions into depths 1-6 are not trained
