@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rungs", nargs="+", choices=list(RUNGS), default=list(RUNGS))
     parser.add_argument("--algorithms", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=Path("docs/sanity_ladder"))
+    parser.add_argument("--out", type=Path, default=Path("runs/sanity_ladder"))
     parser.add_argument("--summarise-only", action="store_true", help="report the finished runs, train none")
     args = parser.parse_args(argv)
     if not args.summarise_only:
