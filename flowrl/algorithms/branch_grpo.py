@@ -9,7 +9,11 @@ advantage is its reward normalised over the nodes of its depth::
 
 per tree (``std_scope: group``, as BranchGRPO's code), or with ``std_d`` pooled over that depth of every
 tree of the *global* batch (``batch``: computed once by the advantages hook from the gathered leaf
-rewards, so one process and two train alike). ``depth_std: population`` is flowrl's earlier form,
+rewards, so one process and two train alike), or, flowrl's variant ``leaves``, by the std of the tree's
+leaf rewards at every depth: a node's advantage is then its subtree's mean deviation in the leaves' units,
+so a shallow split whose halves differ by chance gets a small advantage (the per-depth std of two nodes
+makes it ±0.71 whatever their difference) and the leaves' advantages are Flow-GRPO's group advantages.
+``depth_std: population`` is flowrl's earlier form,
 ``(R - mean_d) / (std_pop + 1e-4)``. Every edge into a node at a stochastic step is a training
 transition (the last step too, as in the reference). Pruning drops transitions from the loss only,
 never from the rollout, in the reference's modes: depth pruning removes listed depths (sliding one depth
@@ -268,6 +272,17 @@ class BranchGRPO(GRPOAlgorithm):
             self.depth_std = global_depth_std(leaves, self.widths, self.config.depth_std)
         return super().advantages(rewards)
 
+    def tree_depth_std(self, leaf_rewards: torch.Tensor) -> torch.Tensor | None:
+        """The divisor of each depth's advantages for one tree: ``None`` (the std of the depth's own nodes,
+        ``std_scope: group``), the depth stds pooled over the global batch (``batch``) or, at every depth,
+        the std of the tree's leaf rewards (``leaves``)."""
+        if self.config.std_scope == "batch":
+            return self.depth_std
+        if self.config.std_scope == "leaves":
+            leaf_std = leaf_rewards.double().std(unbiased=self.config.depth_std == "sample")
+            return leaf_std.expand(len(self.widths))
+        return None
+
     def rollout(
         self,
         velocity: VelocityFn,
@@ -303,14 +318,16 @@ class BranchGRPO(GRPOAlgorithm):
         offsets = [0]
         for tree in trees:
             offsets.append(offsets[-1] + tree.leaf_nodes.shape[0])
-        depth_std = self.depth_std if self.config.std_scope == "batch" else None
         pruned = pruned_depths(self.config, step)
         parts: dict[str, list[torch.Tensor]] = {}
         for tree, offset in zip(trees, offsets):
             values = node_rewards(
                 tree, rewards[offset : offset + tree.leaf_nodes.shape[0]], self.config.node_reward
             )
-            node_advantages = depth_advantages(tree, values, depth_std, self.config.depth_std)
+            leaf_rewards = rewards[offset : offset + tree.leaf_nodes.shape[0]]
+            node_advantages = depth_advantages(
+                tree, values, self.tree_depth_std(leaf_rewards), self.config.depth_std
+            )
             keep = trained_edges(
                 tree,
                 node_advantages,

@@ -95,7 +95,9 @@ class BranchGRPOConfig(GRPOConfig):
     """
 
     name: str = "branch_grpo"
-    std_scope: str = field(default="group", metadata=choice("batch", "group"))
+    #: the divisor of a depth's advantages: the std of the depth's nodes in the tree (``group``, the
+    #: reference), pooled over the global batch (``batch``), or the std of the tree's leaf rewards (``leaves``)
+    std_scope: str = field(default="group", metadata=choice("batch", "group", "leaves"))
     clip_range: float = field(default=1e-3, metadata=at_least(0.0, strict=True))
     kl_weight: float = field(default=0.0, metadata=at_least(0.0))
     noise_level: float = field(default=0.3, metadata=at_least(0.0, strict=True))
