@@ -8,6 +8,7 @@ from two_processes import train_in_two_processes
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import RAFT, RolloutChunk
+from flowrl.algorithms.base import weighted_mean
 from flowrl.algorithms.raft import best_of_groups, flow_matching_loss
 from flowrl.config import ConfigError, load_config
 from flowrl.run_log import read_metrics
@@ -64,6 +65,22 @@ def test_rows_are_the_kept_samples_with_their_conditioning_and_advantages(tmp_pa
     assert algorithm.after_optimizer_step(1).log["raft/kept_reward"] == pytest.approx(
         (0.9 + 0.5 + 0.3 + 0.7) / 4
     )
+
+
+def test_min_reward_fits_only_kept_samples_at_or_above_it_averaged_over_the_fitted():
+    """``min_reward``: of the kept samples (rewards 0.9, 0.5 | 0.3, 0.7) those below 0.6 get weight 0 and
+    the others ``1 / share`` (share = 2 of 4), so the weighted mean is the mean over the fitted ones."""
+    config = load_config("configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.min_reward=0.6"])
+    algorithm = RAFT(config)
+    x0 = torch.arange(8.0).reshape(8, 1, 1, 1).expand(8, 3, 2, 2)
+    rewards = torch.tensor([0.1, 0.9, 0.5, 0.2, 0.0, 0.3, 0.3, 0.7])
+    algorithm.advantages(RewardBatch({"r": rewards}, {"r": 1.0}, rewards, torch.tensor([0] * 4 + [1] * 4)))
+    rows = algorithm.training_rows([RolloutChunk(x0)], torch.zeros(8), rewards, step=1)
+    assert rows.cond_index.tolist() == [1, 2, 5, 7]
+    assert rows.weights.tolist() == [2.0, 0.0, 0.0, 2.0]
+    losses = torch.tensor([1.0, 5.0, 7.0, 3.0])
+    assert float(weighted_mean(losses, rows.weights)) == pytest.approx((1.0 + 3.0) / 2)
+    assert rows.log["raft/fitted_share"] == pytest.approx(0.5)
 
 
 def test_raft_settings_are_checked():

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flowrl.advantages import RewardBatch
+from flowrl.advantages import RewardBatch, reward_advantages
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
 from flowrl.algorithms.grpo import GRPOAlgorithm, sde_window
 from flowrl.algorithms.grpo_config import BranchGRPOConfig
@@ -266,11 +266,13 @@ class BranchGRPO(GRPOAlgorithm):
 
     def advantages(self, rewards: RewardBatch) -> torch.Tensor:
         """The default per-sample advantages (logged, not trained on: the rows are tree edges); with
-        ``std_scope: batch`` also the depth stds pooled over every tree of the global batch."""
+        ``std_scope: batch`` also the depth stds pooled over every tree of the global batch (``group`` and
+        ``leaves`` log the group advantages)."""
         if self.config.std_scope == "batch":
             leaves = rewards.total.reshape(-1, self.group_size)
             self.depth_std = global_depth_std(leaves, self.widths, self.config.depth_std)
-        return super().advantages(rewards)
+            return super().advantages(rewards)
+        return reward_advantages(rewards, self.train_config.reward_aggregation, "group")
 
     def tree_depth_std(self, leaf_rewards: torch.Tensor) -> torch.Tensor | None:
         """The divisor of each depth's advantages for one tree: ``None`` (the std of the depth's own nodes,

@@ -9,7 +9,8 @@ fresh noise ``eps``::
     x_t = (1 - t) x0 + t eps
     L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²  +  lambda || v_theta - v_ref ||²
 
-(means over pixels; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
+(means over pixels; with ``min_reward`` set, kept samples below it get weight 0 and the mean is taken
+over the global batch's fitted samples, ``w_i = 1[R_i >= min_reward] / share``; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
 too: fitting its own samples drifts a model away from its data, and without the pull the shapes model loses
 its colours within 60 steps). The rollout copy is the trained model itself after every step (on-policy
 sampling, RAFT's iterate "sample, rank, fine-tune"). Rejection sampling plus
@@ -69,6 +70,8 @@ class RAFT(ForwardProcessAlgorithm):
         self.group_size = config.training.group_size
         #: the mean total reward of the kept samples of the step, set by :meth:`advantages`
         self.kept_reward = float("nan")
+        #: the share of the global batch's kept samples at or above ``min_reward``, set by :meth:`advantages`
+        self.fitted_share = 1.0
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         return whole_groups("raft", num_samples, self.group_size) * self.config.keep_per_group
@@ -76,8 +79,12 @@ class RAFT(ForwardProcessAlgorithm):
     def advantages(self, rewards: RewardBatch) -> torch.Tensor:
         """The default group advantages (logged only: RAFT's loss has none); also the mean total reward of
         the samples the step keeps, over the global batch."""
-        kept = best_of_groups(rewards.total.float(), self.group_size, self.config.keep_per_group)
-        self.kept_reward = float(rewards.total.float()[kept].mean())
+        kept_rewards = rewards.total.float()[
+            best_of_groups(rewards.total.float(), self.group_size, self.config.keep_per_group)
+        ]
+        self.kept_reward = float(kept_rewards.mean())
+        if self.config.min_reward is not None:
+            self.fitted_share = float((kept_rewards >= self.config.min_reward).float().mean())
         return super().advantages(rewards)
 
     def training_rows(
@@ -87,7 +94,14 @@ class RAFT(ForwardProcessAlgorithm):
         those of the sample."""
         x0 = torch.cat([chunk.x0 for chunk in chunks])
         kept = best_of_groups(rewards.cpu(), self.group_size, self.config.keep_per_group)
-        return TrainRows({"x0": x0[kept.to(x0.device)]}, kept, advantages[kept.to(advantages.device)])
+        weights, log = None, {}
+        if self.config.min_reward is not None:
+            fitted = (rewards.cpu()[kept] >= self.config.min_reward).float()
+            weights = fitted / self.fitted_share if self.fitted_share > 0 else fitted
+            log = {"raft/fitted_share": self.fitted_share}
+        return TrainRows(
+            {"x0": x0[kept.to(x0.device)]}, kept, advantages[kept.to(advantages.device)], weights, log
+        )
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int

@@ -27,6 +27,10 @@ class RAFTConfig(ForwardProcessConfig):
     adaptive_weighting: bool = False
     #: lambda of the pull ``lambda ||v_theta - v_ref||²`` towards the frozen base (0: plain RAFT)
     reference_weight: float = field(default=0.0, metadata=at_least(0.0))
+    #: a kept sample whose total reward is below this is not fitted (weight 0; the loss averages over the
+    #: global batch's fitted samples): the best of a group where every sample is wrong is not imitated
+    #: (None: every kept sample is fitted, plain RAFT)
+    min_reward: float | None = None
 
     def check(self, config: TrainConfig) -> None:
         super().check(config)
