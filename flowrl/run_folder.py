@@ -1,13 +1,17 @@
-"""The run folder's guards: a new run never writes into another run's folder, a resumed run never changes what
-it was trained with, and nothing non-finite is saved."""
+"""The run folder's guards: one live run per folder (an OS lock held for the run's life), a new run never writes
+into another run's folder, a resumed run never changes what it was trained with, and nothing non-finite is
+saved."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -17,24 +21,54 @@ from flowrl.config_schema import ConfigError
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "model")
 
 
-def check_output_dir(output_dir: Path, resume: str | None) -> None:
-    """Check ``logging.output_dir`` before anything loads: a folder (or nothing yet) that can be written,
-    and, unless the run resumes, one that holds no run (whose history the new run would mix with its own)."""
+#: the run folder's lock file: ``flock``-ed by the live run (the OS drops the lock when its process ends, however
+#: it ends), holding the holder's pid and host for the refusal's message
+LOCK_FILE = ".flowrl.lock"
+
+
+def claim_output_dir(output_dir: Path, resume: str | None) -> IO[str]:
+    """Claim ``logging.output_dir`` before anything loads or is written: a folder (or nothing yet) that can be
+    written, locked by no live run, and, unless the run resumes, holding no run (whose history the new run
+    would mix with its own; checked under the lock, so two runs started at once cannot both pass). Returns
+    the lock file, open: the run holds the folder until it closes it (or its process ends)."""
     name = f"logging.output_dir={str(output_dir)!r}"
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{name} is a file, not a folder; choose a folder for the run")
-    existing = [entry for entry in RUN_FILES if (output_dir / entry).exists()]
-    if existing and not resume:
-        raise ConfigError(
-            f"{name} already holds a run ({', '.join(existing)}); continue it with resume=latest, or give "
-            "the new run its own logging.output_dir"
-        )
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):
             pass
     except OSError as error:
         raise ConfigError(f"{name} cannot be written: {error.strerror or error}") from None
+    lock = lock_run_folder(output_dir)
+    existing = [entry for entry in RUN_FILES if (output_dir / entry).exists()]
+    if existing and not resume:
+        lock.close()
+        raise ConfigError(
+            f"{name} already holds a run ({', '.join(existing)}); continue it with resume=latest, or give "
+            "the new run its own logging.output_dir"
+        )
+    return lock
+
+
+def lock_run_folder(output_dir: Path) -> IO[str]:
+    """Take ``output_dir``'s lock (``fcntl.flock``, exclusive, not waiting) and write this process's pid and
+    host into it; a one-line :class:`ConfigError` naming the holder when a live process has it."""
+    handle = open(output_dir / LOCK_FILE, "a+", encoding="utf-8")  # created if missing, never truncated here
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read(200).strip() or "a process that has not written its pid yet"
+        handle.close()
+        raise ConfigError(
+            f"logging.output_dir={str(output_dir)!r} is in use by a live flowrl run ({holder}); wait for it to "
+            "end, or give this run its own logging.output_dir"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
 
 
 def non_finite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -35,13 +35,13 @@ import time
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from tqdm.auto import tqdm
 
 from flowrl.advantages import RewardBatch
@@ -60,7 +60,7 @@ from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
-from flowrl.run_folder import check_output_dir, check_resume_changes, non_finite_tensors
+from flowrl.run_folder import check_resume_changes, claim_output_dir, non_finite_tensors
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward, SkippedBatch
@@ -200,12 +200,22 @@ class Trainer:
             cpu=not torch.cuda.is_available(), log_with=tracker, project_dir=config.logging.output_dir
         )
         acc = self.accelerator
-        # Everything that can be checked without a model is checked before one loads; every process
-        # checks the folder before any writes to it.
+        # Everything that can be checked without a model is checked before one loads; the main process
+        # claims the folder (checked, and locked for the run's life) before anything is written to it.
         self.algorithm, self.local_images, self.micro_batches = check_batches(config, acc.num_processes)
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
-        check_output_dir(self.output_dir, config.resume)
+        self.run_lock = self.claim_run_folder()
+        try:
+            self.set_up()
+        except BaseException:
+            self.release_run_folder()
+            raise
+
+    def set_up(self) -> None:
+        """Everything the run needs, loaded once the folder is the run's: the checkpoint to resume, prompts,
+        reward, policy, optimizer and schedule."""
+        config, acc = self.config, self.accelerator
         self.resume_from = self.checkpoint_to_resume()
         acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
@@ -256,6 +266,27 @@ class Trainer:
             "num_processes": self.accelerator.num_processes,
         }
         (self.output_dir / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+
+    def claim_run_folder(self) -> IO[str] | None:
+        """The main process claims the run folder (:func:`claim_output_dir`: checked and locked for the run's
+        life); every process raises its refusal, so none waits for a run that will not start."""
+        lock, refusal = None, None
+        if self.accelerator.is_main_process:
+            try:
+                lock = claim_output_dir(self.output_dir, self.config.resume)
+            except ConfigError as error:
+                refusal = str(error)
+        if self.accelerator.num_processes > 1:
+            refusal = broadcast_object_list([refusal])[0]
+        if refusal:
+            raise ConfigError(refusal)
+        return lock
+
+    def release_run_folder(self) -> None:
+        """Let another run have the folder (the OS does it too when the process ends)."""
+        if self.run_lock is not None:
+            self.run_lock.close()
+            self.run_lock = None
 
     def checkpoint_to_resume(self) -> Path | None:
         """The checkpoint ``config.resume`` names (``latest``: the newest usable one; None for a fresh
@@ -548,6 +579,13 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
+        """Run :meth:`loop`, then let the run folder go, however the loop ended."""
+        try:
+            return self.loop()
+        finally:
+            self.release_run_folder()
+
+    def loop(self) -> dict[str, Any]:
         config, acc = self.config, self.accelerator
         if acc.is_main_process:
             if acc.device.type == "cpu":
