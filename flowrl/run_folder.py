@@ -5,6 +5,7 @@ saved."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -102,6 +103,32 @@ RESUME_MUTABLE_KEYS = (
 )
 
 
+#: the key of the run record (beside the config's sections) that holds :func:`input_fingerprints`
+INPUTS_KEY = "inputs"
+
+
+def input_fingerprints(prompts: str, model_name: str) -> dict[str, str]:
+    """``sha256:<hex>`` of the content of every input the run reads by path: ``data.prompts`` when it is a
+    file, ``model.name`` when it is a local directory (its files by relative path, symlinks followed).
+    Shipped names (``shapes-train``, ``shapes-base``) change only with the package, whose version the run
+    records; hub ids are not local."""
+    fingerprints = {}
+    if Path(prompts).is_file():
+        fingerprints["data.prompts"] = _file_digest(Path(prompts))
+    if Path(model_name).is_dir():
+        digest = hashlib.sha256()
+        root = Path(model_name)
+        for path in sorted(path for path in root.rglob("*") if path.is_file()):
+            digest.update(f"{path.relative_to(root).as_posix()}\0{_file_digest(path)}\0".encode())
+        fingerprints["model.name"] = f"sha256:{digest.hexdigest()}"
+    return fingerprints
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as handle:
+        return f"sha256:{hashlib.file_digest(handle, 'sha256').hexdigest()}"
+
+
 def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
@@ -114,7 +141,24 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def check_resume_changes(saved: dict[str, Any], config: dict[str, Any], checkpoint: str) -> None:
     """Refuse to resume ``checkpoint`` (whose manifest recorded ``saved``) under a ``config`` (as a plain
-    mapping) that changed anything but :data:`RESUME_MUTABLE_KEYS`; the error lists each change."""
+    mapping, with the inputs' fingerprints under :data:`INPUTS_KEY`) that changed anything but
+    :data:`RESUME_MUTABLE_KEYS`, or whose inputs' contents changed at the same path; the error lists each
+    change. A checkpoint written before fingerprints were recorded is not checked for them."""
+    saved_inputs = saved.get(INPUTS_KEY)
+    inputs = config.get(INPUTS_KEY) or {}
+    if isinstance(saved_inputs, dict):
+        changed_inputs = [
+            f"{key}={config_value(config, key)!r}"
+            for key in sorted(set(saved_inputs) | set(inputs))
+            if saved_inputs.get(key) != inputs.get(key)
+        ]
+        if changed_inputs:
+            raise ConfigError(
+                f"resume: the content of {', '.join(changed_inputs)} changed since checkpoint {checkpoint} was "
+                "written (its sha256 differs); restore it, or start a new run in another logging.output_dir"
+            )
+    config = {key: value for key, value in config.items() if key != INPUTS_KEY}
+    saved = {key: value for key, value in saved.items() if key != INPUTS_KEY}
     current = _flatten(json.loads(json.dumps(config)))
     before = _flatten(saved)
     changed = [
@@ -128,3 +172,11 @@ def check_resume_changes(saved: dict[str, Any], config: dict[str, Any], checkpoi
             f"({'; '.join(changed)}); a resumed run may change only {list(RESUME_MUTABLE_KEYS)}. "
             "Undo the change, or start a new run in another logging.output_dir"
         )
+
+
+def config_value(config: dict[str, Any], dotted: str) -> Any:
+    """``config["a"]["b"]`` for ``"a.b"`` (None where a key is missing)."""
+    value: Any = config
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value

@@ -60,7 +60,13 @@ from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
 from flowrl.prompts import load_prompts, prompt_weights, step_samples
-from flowrl.run_folder import check_resume_changes, claim_output_dir, non_finite_tensors
+from flowrl.run_folder import (
+    INPUTS_KEY,
+    check_resume_changes,
+    claim_output_dir,
+    input_fingerprints,
+    non_finite_tensors,
+)
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward, SkippedBatch
@@ -216,6 +222,7 @@ class Trainer:
         """Everything the run needs, loaded once the folder is the run's: the checkpoint to resume, prompts,
         reward, policy, optimizer and schedule."""
         config, acc = self.config, self.accelerator
+        self.inputs = input_fingerprints(config.data.prompts, config.model.name)
         self.resume_from = self.checkpoint_to_resume()
         acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
@@ -288,6 +295,11 @@ class Trainer:
             self.run_lock.close()
             self.run_lock = None
 
+    def run_record(self) -> dict[str, Any]:
+        """The config as plain data, with the fingerprints of the inputs read by path: what a checkpoint's
+        manifest records and a resume is compared with."""
+        return {**json.loads(json.dumps(self.config.to_dict())), INPUTS_KEY: self.inputs}
+
     def checkpoint_to_resume(self) -> Path | None:
         """The checkpoint ``config.resume`` names (``latest``: the newest usable one; None for a fresh
         start), after checking that the config changed only what a resumed run may change."""
@@ -300,7 +312,7 @@ class Trainer:
             return None
         saved = checkpoint_config(path)
         if saved is not None:
-            check_resume_changes(saved, self.config.to_dict(), str(path))
+            check_resume_changes(saved, self.run_record(), str(path))
         return path
 
     def resume(self) -> None:
@@ -337,7 +349,7 @@ class Trainer:
                     "rng": states,
                 },
                 keep=self.config.logging.keep_checkpoints,
-                config=json.loads(json.dumps(self.config.to_dict())),
+                config=self.run_record(),
             )
         self.accelerator.wait_for_everyone()
 

@@ -1,8 +1,9 @@
-"""Issue 32, items 1 and 2: one live run per run folder. Two runs started at once into one folder, or a
+"""Issue 32, items 1 to 3: one live run per run folder, and a resumed run reads what it was trained with. Two runs started at once into one folder, or a
 resume into a run that is still going, are refused with one line naming the live process; the live run's
 files (its half-written checkpoint included) are left alone."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -80,3 +81,29 @@ def test_two_runs_started_at_once_into_one_folder_one_trains_the_other_is_refuse
         "in use by a live flowrl run" in refusal[0] or "already holds a run" in refusal[0]
     )
     assert [row["step"] for row in read_metrics(output / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_resume_refuses_a_prompts_file_or_model_directory_changed_at_the_same_path(tmp_path, tiny_model_dir):
+    """Issue 32, item 3: the contents of the inputs read by path are fingerprinted (sha256) in every
+    checkpoint's manifest and compared on resume; the same path with other contents is refused."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\na blue square\n")
+    output = tmp_path / "run"
+    inputs = [f"data.prompts={prompts}", "rewards={brightness: 1.0}", "evaluation.base_guidance_scales=[]"]
+    Trainer(tiny_config(model, output, *inputs, "training.steps=1")).train()
+    prompts.write_text("a red circle\na green triangle\n")
+    with pytest.raises(
+        ConfigError, match=r"the content of data.prompts='.*prompts.txt' changed since checkpoint"
+    ):
+        Trainer(tiny_config(model, output, *inputs, "training.steps=2", "resume=latest"))
+    prompts.write_text("a red circle\na blue square\n")
+    weights = next(model.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(ConfigError, match=r"the content of model.name='.*model' changed"):
+        Trainer(tiny_config(model, output, *inputs, "training.steps=2", "resume=latest"))
+    shutil.rmtree(model)
+    shutil.copytree(tiny_model_dir, model)
+    summary = Trainer(tiny_config(model, output, *inputs, "training.steps=2", "resume=latest")).train()
+    assert summary["steps"] == 2
