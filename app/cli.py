@@ -28,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--trust-run-code",
         action="store_true",
-        help="let a run's config.yaml name rewards by dotted path (package.module:Name): the app imports "
-        "and runs that code, so only for runs you trust (default: registered rewards only)",
+        help="let a run's config.yaml name rewards by dotted path (package.module:Name), which the app imports "
+        "and runs, and give rewards files to read or addresses to connect to (remote's url, checkpoint paths): "
+        "only for runs you trust (default: registered rewards with their own weights only)",
     )
     return parser
 

@@ -7,13 +7,15 @@ while it has none yet) or a checkpoint directory ``checkpoints/step_XXXXXX``.
 
 The app loads only what it offers (a :class:`Catalog`): the runs under its
 runs root and their checkpoints, and the models named on its command line.
-A run whose files lead outside the root through a symlink is not offered.
+A run with any entry that leads outside the root through a symlink is not offered, and a checkpoint
+loads only on an offered base model's architecture.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,19 +25,10 @@ import yaml
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
 from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
-from flowrl.models.shapes_dit import CONFIG_NAME, WEIGHTS_NAME
+from flowrl.models.shapes_dit import CONFIG_NAME
 
 #: The reward a run without a readable ``config.yaml`` is scored with (the trainer's default).
 DEFAULT_REWARDS: dict[str, Any] = {"shapes_verifier": 1.0}
-#: What the app reads of a run, relative to it (besides its checkpoints): all must stay inside the runs root.
-RUN_FILES = (
-    "model",
-    f"model/{CONFIG_NAME}",
-    f"model/{WEIGHTS_NAME}",
-    "checkpoints",
-    "config.yaml",
-    "metrics.jsonl",
-)
 
 
 def _modified(path: Path) -> float:
@@ -68,16 +61,16 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def is_confined(run: Path, root: Path) -> bool:
-    """Whether ``run`` and everything the app reads of it (:data:`RUN_FILES`, its checkpoints and their
-    manifests) stay inside ``root`` once symlinks are resolved."""
-    checkpoints = list_checkpoints(run / "checkpoints")
-    paths = [
-        run,
-        *(run / name for name in RUN_FILES),
-        *checkpoints,
-        *(path / MANIFEST for path in checkpoints),
-    ]
-    return all(_inside(path, root) for path in paths)
+    """Whether ``run`` and every entry in it, at any depth (so every file the app may read of it: its model,
+    config, metrics and checkpoints), stay inside ``root`` once symlinks are resolved. Symlinked folders are
+    checked, not descended into: one inside the root is walked as itself, one outside excludes the run."""
+    if not _inside(run, root):
+        return False
+    for folder, folders, files in os.walk(run):
+        entries = [Path(folder) / name for name in (*folders, *files)]
+        if not all(_inside(entry, root) for entry in entries):
+            return False
+    return True
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -169,9 +162,17 @@ class Catalog:
 
 
 def _from_checkpoint(checkpoint: Path, base: str) -> ShapesDiT:
-    """The tuned network of a checkpoint (EMA when kept), on the architecture of its run's base model."""
+    """The tuned network of a checkpoint (EMA when kept), on the architecture of its run's base model, which
+    must be one the app offers (``base``, the offered base model, or a shipped one): a run's config.yaml
+    does not choose what the app reads."""
     run_dir = run_dir_of(checkpoint)
-    model = load_shapes_model(run_config(run_dir).get("model", {}).get("name", base))
+    name = run_config(run_dir).get("model", {}).get("name", base)
+    if name not in (base, *SHIPPED_MODELS):
+        raise ValueError(
+            "This run's config.yaml names a base model the app does not offer (neither a shipped model nor the "
+            "selected base); start the app with that model as --base to load its checkpoints."
+        )
+    model = load_shapes_model(name)
     _, payload = read_checkpoint(checkpoint)
     policy = payload["policy"]
     model.load_state_dict(policy["ema"] if "ema" in policy else policy["model"])

@@ -3,7 +3,10 @@
 A run's ``rewards`` section is built only from registered (or plugin)
 reward names unless the app trusts run code: a dotted path
 ``package.module:Name`` anywhere in it is code the reward registry would
-import and call with the run's settings.
+import and call with the run's settings, and a setting that makes a reward
+read a file or connect to an address (``remote``'s ``url``, a checkpoint
+path: :func:`rewards.outside_settings`) would let the run choose what the
+app reads or whom it sends requests to.
 
 :func:`scores_cards` renders them as HTML, one card per image; each score
 carries its exact value in ``data-value`` (the text shows three decimals),
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rewards import MultiReward, available_rewards
+from rewards import MultiReward, available_rewards, outside_settings
 from rewards.shapes_verifier import DetectedObject, detect_objects, entry_checks, of_class
 
 #: Check values as the verdict shows them.
@@ -69,8 +72,28 @@ def _run_code(name: str, spec: Any) -> str | None:
     return next((repr(text) for text in _strings(settings) if DOTTED_PATH.fullmatch(text)), None)
 
 
+def _outside_setting(name: str, spec: Any) -> str | None:
+    """The first setting of a registered ``rewards`` entry (or of a reward its settings build by name) that
+    makes it read a file or connect to an address; None when it sets none."""
+    reward = spec.get("reward", name) if isinstance(spec, Mapping) else name
+    settings = spec.get("settings", {}) if isinstance(spec, Mapping) else {}
+    if not isinstance(settings, Mapping):
+        return None
+    try:
+        reaching = outside_settings(reward)
+    except ValueError:  # it fails to load: building it fails with its own message
+        reaching = ()
+    found = next((key for key in reaching if settings.get(key) is not None), None)
+    if found is not None:
+        return f"{reward!r} with setting {found!r}"
+    if isinstance(settings.get("reward"), str):  # a reward built by name from these settings
+        return _outside_setting(settings["reward"], settings)
+    return None
+
+
 def check_run_code(spec: Any) -> None:
-    """``ValueError`` naming the first entry of a run's ``rewards`` section that names code to import."""
+    """``ValueError`` naming the first entry of a run's ``rewards`` section that names code to import, or a
+    file or address for a reward to read or connect to."""
     if not isinstance(spec, Mapping):
         raise ValueError(f"The run's config.yaml has rewards {spec!r}; expected a mapping of reward entries.")
     for name, entry in spec.items():
@@ -80,6 +103,13 @@ def check_run_code(spec: Any) -> None:
                 f"The run's config.yaml names {code} in reward entry {name!r}: not a registered reward but "
                 "code the app would import and run. Start the app with --trust-run-code to allow it (only "
                 "for runs you trust)."
+            )
+        outside = _outside_setting(name, entry)
+        if outside is not None:
+            raise ValueError(
+                f"The run's config.yaml sets reward {outside} in entry {name!r}: a file or address of the run's "
+                "choosing that the app would read or send requests to. Start the app with --trust-run-code to "
+                "allow it (only for runs you trust)."
             )
 
 

@@ -51,6 +51,8 @@ class LaionAesthetic:
     """
 
     modality = "image"
+    #: settings that make it read files the caller chooses (see :func:`rewards.registry.outside_settings`)
+    outside_settings = ("clip_checkpoint", "head_checkpoint")
 
     def __init__(
         self,

@@ -26,6 +26,8 @@ class CLIPScore:
     """
 
     modality = "image"
+    #: settings that make it read a file the caller chooses (see :func:`rewards.registry.outside_settings`)
+    outside_settings = ("checkpoint",)
 
     def __init__(
         self,

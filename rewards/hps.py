@@ -30,6 +30,8 @@ class HPSv2:
     """
 
     modality = "image"
+    #: settings that make it read a file the caller chooses (see :func:`rewards.registry.outside_settings`)
+    outside_settings = ("checkpoint",)
 
     def __init__(
         self,

@@ -33,6 +33,8 @@ class PickScore:
     """
 
     modality = "image"
+    #: settings that make it read files the caller chooses (see :func:`rewards.registry.outside_settings`)
+    outside_settings = ("model_path", "tokenizer_path")
 
     def __init__(
         self,

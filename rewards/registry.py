@@ -121,6 +121,14 @@ def build_reward(name: str, **settings: Any) -> Callable[..., Any]:
     return factory
 
 
+def outside_settings(name: str) -> tuple[str, ...]:
+    """The settings of reward ``name`` that make it reach outside the process: a file it reads or an address
+    it connects to, chosen by whoever writes the settings (a class attribute ``outside_settings``, e.g.
+    ``("url",)`` for ``remote``); a program that builds rewards from settings it did not write (the demo, from
+    a run's config.yaml) refuses those unless told to trust them."""
+    return tuple(getattr(resolve_reward(name), "outside_settings", ()))
+
+
 @dataclass(frozen=True)
 class RewardInfo:
     """A row of ``flowrl rewards list``."""

@@ -116,6 +116,9 @@ class RemoteReward:
     connections.
     """
 
+    #: it connects to the ``url`` its settings give (see :func:`rewards.registry.outside_settings`)
+    outside_settings = ("url",)
+
     def __init__(
         self,
         url: str,
