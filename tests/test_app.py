@@ -346,9 +346,6 @@ def test_a_run_naming_code_is_refused_unless_trusted(catalog, tmp_path, tiny_mod
 def test_a_run_cannot_make_the_app_send_requests_unless_trusted(catalog, tiny_model, tiny_model_dir, nested):
     """Issue 32, item 6: the registered ``remote`` reward with the run's URL (directly, or built by name inside
     another reward's settings) is refused before any connection, and the URL is not echoed."""
-    import http.server
-    import threading
-
     requests = []
 
     class Listener(http.server.BaseHTTPRequestHandler):
