@@ -50,6 +50,10 @@ RECIPES: dict[str, str] = {
     "meanflow_nft": "configs/shapes_meanflownft.yaml",
 }
 
+#: recipe settings in the verifier's units, dropped on the other rungs (RAFT fits only samples the verifier
+#: passes in full: on brightness no sample reaches 1)
+VERIFIER_UNITS = {"raft": ["algorithm.min_reward=null"]}
+
 #: a cell climbs when the mean rise over seeds is at least this many standard errors of the start
 Z_CLIMBS = 3.0
 
@@ -127,6 +131,7 @@ def train(out: Path, rung: Rung, algorithm: str, seed: int) -> str:
         "flowrl.train",
         RECIPES[algorithm],
         rung.override,
+        *(VERIFIER_UNITS.get(algorithm, []) if rung.reward != "shapes_verifier" else []),
         f"training.steps={rung.steps}",
         f"training.seed={seed}",
         "evaluation.every=0",

@@ -29,7 +29,19 @@ TINY_TREE = {
         "algorithm.same_group_noise=false",
         "algorithm.timestep_fraction=0.25",
     ],
-    "branchgrpo": ["sampler.num_steps=5", "algorithm.split_steps=[0,2]", "training.micro_batch_size=4"],
+    # the reference's settings (the recipe departs from them: its header), which these tests check
+    "branchgrpo": [
+        "sampler.num_steps=5",
+        "algorithm.split_steps=[0,2]",
+        "training.micro_batch_size=4",
+        "algorithm.sde_variant=dance",
+        "algorithm.noise_level=0.3",
+        "algorithm.split_noise_scale=4.0",
+        "algorithm.clip_range=0.001",
+        "algorithm.kl_weight=0.0",
+        "algorithm.train_last_step=true",
+        "algorithm.width_pruning=best_and_worst",
+    ],
     "branchgrpo_mix": [
         "sampler.num_steps=5",
         "algorithm.split_steps=[0,1]",
