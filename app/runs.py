@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
+from flowrl.config import MAX_YAML_CHARS, parse_yaml
 from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
 from flowrl.models.shapes_dit import CONFIG_NAME
 
@@ -79,8 +79,18 @@ def find_runs(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    runs = (path for path in root.iterdir() if path.is_dir() and is_confined(path, root) and is_run(path))
+    runs = (
+        path for path in root.iterdir() if path.is_dir() and is_confined(path, root) and _readable_run(path)
+    )
     return sorted(runs, key=_modified, reverse=True)
+
+
+def _readable_run(path: Path) -> bool:
+    """:func:`is_run`, False for a run whose files cannot be read (one bad run never hides the others)."""
+    try:
+        return is_run(path)
+    except (ValueError, OSError):
+        return False
 
 
 def source_choices(root: str | Path) -> list[str]:
@@ -102,10 +112,18 @@ def run_dir_of(source: str | Path) -> Path | None:
 
 
 def run_config(run_dir: Path | None) -> dict[str, Any]:
-    """The run's ``config.yaml`` as a mapping (empty when there is none)."""
-    if run_dir is None or not (run_dir / "config.yaml").is_file():
+    """The run's ``config.yaml`` as a mapping (empty when there is none), read as flowrl reads configs:
+    bounded (:func:`flowrl.config.parse_yaml`: no aliases, a size and a depth cap); a ``ValueError`` in one
+    line when it is malformed or refused."""
+    path = None if run_dir is None else run_dir / "config.yaml"
+    if path is None or not path.is_file():
         return {}
-    return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        text = handle.read(MAX_YAML_CHARS + 1)  # never more than the parser accepts, whatever the file's size
+    data = parse_yaml(text, f"the run's config.yaml ({run_dir.name})") or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"the run's config.yaml ({run_dir.name}) holds {type(data).__name__}, not a mapping")
+    return data
 
 
 def reward_spec(run_dir: Path | None) -> dict[str, Any]:

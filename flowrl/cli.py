@@ -89,8 +89,7 @@ def _parse_settings(pairs: list[str]) -> dict[str, object]:
 
     ``dtype=NAME`` becomes the torch dtype (one of :data:`DTYPES`).
     """
-    import yaml
-
+    from flowrl.config import parse_yaml
     from flowrl.models.dtypes import DTYPES
 
     settings: dict[str, object] = {}
@@ -103,7 +102,7 @@ def _parse_settings(pairs: list[str]) -> dict[str, object]:
                 raise ValueError(f"setting dtype={value!r} is not allowed; allowed: {sorted(DTYPES)}")
             settings[key] = DTYPES[value]
         else:
-            settings[key] = yaml.safe_load(value)
+            settings[key] = parse_yaml(value, f"setting {pair!r}")
     return settings
 
 

@@ -206,6 +206,9 @@ def test_a_full_disk_during_a_run_is_one_line_and_exit_1(tmp_path, tiny_model_di
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
+    from flowrl import busy
+
+    monkeypatch.setattr(busy, "busy_cores", lambda: 0.0)  # no busy-CPU warning on stderr, whatever else runs
     argv = ["train", "configs/shapes_nft.yaml", *TINY_RUN, "training.steps=1", f"model.name={tiny_model_dir}"]
     assert main([*argv, f"logging.output_dir={tmp_path / 'run'}"]) == 1
     error = capsys.readouterr().err.strip()

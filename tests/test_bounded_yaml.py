@@ -1,0 +1,65 @@
+"""Issue 32, items 7 and 14: YAML is read bounded everywhere flowrl reads it (a config, an override, a run's
+config.yaml in the demo): no aliases, a size and a depth cap, plain keys, typed tags that fail as one line."""
+
+import re
+import time
+
+import pytest
+from app_runs import make_run
+
+from app.runs import Catalog, find_runs, run_config
+from flowrl.cli import main
+from flowrl.config import MAX_YAML_CHARS, ConfigError, load_config, parse_yaml
+
+#: the 565-byte alias bomb of the issue's probe, one level short of exhausting the host: 9 ** 8 strings
+ALIAS_BOMB = "\n".join(
+    ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+)
+
+REFUSED = {
+    "alias bomb": (ALIAS_BOMB, "aliases (*name) are not allowed"),
+    "50,000 deep": ("x: " + "[" * 50_000 + "]" * 50_000, "nested more than 32 levels deep"),
+    "complex key": ("? [training, steps]\n: 3\n", "a key must be a plain value"),
+    "oversized": ("x: " + "1" * MAX_YAML_CHARS, f"flowrl reads at most {MAX_YAML_CHARS:,}"),
+    "typed tag": ("training: {steps: !!int x}\n", "a tagged value cannot be read"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_yaml_is_one_line_and_fast(case):
+    text, message = REFUSED[case]
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        parse_yaml(text, "config file x.yaml")
+    assert time.perf_counter() - start < 2.0
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_flowrl_train_exits_2_in_one_line_before_writing(case, tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(REFUSED[case][0])
+    assert main(["train", str(config), f"logging.output_dir={tmp_path / 'run'}"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and REFUSED[case][1].split(" (")[0] in error[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override", ["training.steps=!!float", "training.steps=!!int x", "rewards=*a"])
+def test_an_override_that_cannot_be_read_is_one_line(override):
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config("configs/shapes_nft.yaml", [override])
+
+
+def test_a_run_with_an_alias_bomb_neither_stalls_nor_hides_the_others(tmp_path, tiny_model, tiny_model_dir):
+    root = tmp_path / "runs"
+    good = make_run(root / "good", tiny_model_dir, tiny_model)
+    bomb = make_run(root / "bomb", tiny_model_dir, tiny_model)
+    (bomb / "config.yaml").write_text(ALIAS_BOMB)
+    start = time.perf_counter()
+    assert find_runs(root) == [good]
+    with pytest.raises(ValueError, match="aliases"):
+        run_config(bomb)
+    assert time.perf_counter() - start < 2.0
+    assert str(good) in Catalog(root, str(tiny_model_dir)).tuned_choices()
