@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -88,6 +88,67 @@ class ShapesDiTConfig:
 
 PREDICTIONS = ("velocity", "sample")
 VIDEO_ATTENTIONS = ("joint", "factorized")
+
+#: the largest ``config.json`` a model directory may hold, and the most parameters its architecture may have:
+#: a 1 KB file must not make the loader allocate gigabytes before the weights are read (the shipped models have
+#: 2.6M parameters; the bound leaves room for shapes models 100x larger)
+MAX_CONFIG_BYTES = 1_000_000
+MAX_PARAMETERS = 500_000_000
+#: upper bounds of the integer fields, checked before the architecture is even counted
+FIELD_LIMITS = {
+    "image_size": 1024,
+    "channels": 16,
+    "patch_size": 64,
+    "hidden_size": 8192,
+    "depth": 128,
+    "num_heads": 128,
+    "text_hidden_size": 8192,
+    "text_layers": 128,
+    "text_heads": 128,
+    "max_prompt_tokens": 4096,
+    "num_frames": 512,
+    "frame_patch": 64,
+}
+
+
+def read_model_config(path: Path) -> ShapesDiTConfig:
+    """A ``config.json`` checked before anything is built: at most :data:`MAX_CONFIG_BYTES`, only the fields of
+    :class:`ShapesDiTConfig`, integers within :data:`FIELD_LIMITS`, and an architecture of at most
+    :data:`MAX_PARAMETERS` parameters (counted on the meta device, which allocates nothing); a one-line
+    ``ValueError`` naming the file otherwise."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(
+            f"{path} is {path.stat().st_size:,} bytes; a model config.json is at most {MAX_CONFIG_BYTES:,}"
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a JSON model config ({error})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} holds {type(raw).__name__}; expected an object of ShapesDiTConfig fields")
+    allowed = {item.name for item in fields(ShapesDiTConfig)}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{path} has unknown fields {unknown[:5]}; allowed: {sorted(allowed)}")
+    for name, limit in FIELD_LIMITS.items():
+        value = raw.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise ValueError(f"{path}: {name}={value!r} is not allowed; expected an integer in [1, {limit}]")
+    ratio = raw.get("mlp_ratio", 4.0)
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 64:
+        raise ValueError(f"{path}: mlp_ratio={ratio!r} is not allowed; expected a number in (0, 64]")
+    vocabulary = raw.get("vocabulary", [])
+    if not isinstance(vocabulary, list) or not all(isinstance(word, str) for word in vocabulary):
+        raise ValueError(f"{path}: vocabulary is not allowed; expected a list of words")
+    config = ShapesDiTConfig(**raw)
+    with torch.device("meta"):
+        count = sum(parameter.numel() for parameter in ShapesDiT(config).parameters())
+    if count > MAX_PARAMETERS:
+        raise ValueError(
+            f"{path} describes a model of {count:,} parameters; flowrl loads shapes models of at most "
+            f"{MAX_PARAMETERS:,}"
+        )
+    return config
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -461,7 +522,6 @@ class ShapesDiT(nn.Module):
                 raise FileNotFoundError(
                     f"{directory / name} not found: a ShapesDiT directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
                 )
-        config = ShapesDiTConfig(**json.loads((directory / CONFIG_NAME).read_text()))
-        model = cls(config)
+        model = cls(read_model_config(directory / CONFIG_NAME))
         model.load_state_dict(load_file(str(directory / WEIGHTS_NAME)))
         return model

@@ -1,15 +1,20 @@
-"""Issue 32, items 7 and 14: YAML is read bounded everywhere flowrl reads it (a config, an override, a run's
-config.yaml in the demo): no aliases, a size and a depth cap, plain keys, typed tags that fail as one line."""
+"""Issue 32, items 7, 8 and 14: what a file describes is bounded before it is built. YAML everywhere flowrl
+reads it (a config, an override, a run's config.yaml in the demo): no aliases, a size and a depth cap, plain
+keys, typed tags that fail as one line; a model's config.json: known fields within limits and an
+architecture counted before it is allocated."""
 
+import json
 import re
+import shutil
 import time
 
 import pytest
 from app_runs import make_run
 
-from app.runs import Catalog, find_runs, run_config
+from app.runs import Catalog, find_runs, load_model, run_config
 from flowrl.cli import main
 from flowrl.config import MAX_YAML_CHARS, ConfigError, load_config, parse_yaml
+from flowrl.models import load_shapes_model
 
 #: the 565-byte alias bomb of the issue's probe, one level short of exhausting the host: 9 ** 8 strings
 ALIAS_BOMB = "\n".join(
@@ -63,3 +68,40 @@ def test_a_run_with_an_alias_bomb_neither_stalls_nor_hides_the_others(tmp_path, 
         run_config(bomb)
     assert time.perf_counter() - start < 2.0
     assert str(good) in Catalog(root, str(tiny_model_dir)).tuned_choices()
+
+
+HUGE = {"hidden_size": 8192, "depth": 128}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (HUGE, "parameters; flowrl loads shapes models of at most 500,000,000"),
+        ({"hidden_size": 10**9}, "hidden_size=1000000000 is not allowed"),
+        ({"depth": "6"}, "depth='6' is not allowed"),
+        ({"mlp_ratio": -1}, "mlp_ratio=-1 is not allowed"),
+        ({"evil": 1}, "unknown fields ['evil']"),
+    ],
+)
+def test_a_model_config_is_bounded_before_anything_is_allocated(tmp_path, tiny_model_dir, change, message):
+    """Issue 32, item 8: a 1 KB ``config.json`` cannot make the loader allocate gigabytes (the architecture
+    is counted on the meta device and refused above the bound) or fail with a traceback."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **change}))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        load_shapes_model(str(model))
+    assert time.perf_counter() - start < 5.0 and "\n" not in str(refused.value)
+
+
+def test_the_demo_lists_the_good_runs_beside_a_run_with_a_huge_model(tmp_path, tiny_model, tiny_model_dir):
+    root = tmp_path / "runs"
+    good = make_run(root / "good", tiny_model_dir, tiny_model)
+    huge = make_run(root / "huge", tiny_model_dir, tiny_model)
+    config = json.loads((huge / "model" / "config.json").read_text())
+    (huge / "model" / "config.json").write_text(json.dumps({**config, **HUGE}))
+    assert str(good) in Catalog(root, str(tiny_model_dir)).tuned_choices()
+    with pytest.raises(ValueError, match="parameters; flowrl loads shapes models of at most"):
+        load_model(str(huge))
