@@ -11,6 +11,7 @@ exits with 130 and says how to resume.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from importlib import metadata
@@ -75,12 +76,13 @@ def _eval(args: argparse.Namespace) -> None:
 def _pretrain_shapes(args: argparse.Namespace) -> None:
     from dataclasses import fields
 
+    from flowrl.config_schema import build_section
     from flowrl.pretrain import PretrainConfig, pretrain
 
     overrides = {
         f.name: getattr(args, f.name) for f in fields(PretrainConfig) if getattr(args, f.name) is not None
     }
-    pretrain(PretrainConfig(**overrides), args.out)
+    pretrain(build_section(PretrainConfig, overrides, "pretrain-shapes --"), args.out)
     print(f"wrote {args.out}")
 
 
@@ -163,6 +165,43 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(args.arguments, prog="flowrl demo")
 
 
+#: the largest guidance scale the command line takes (the shapes models use 1 to 5; SD3 recipes up to 7)
+MAX_GUIDANCE = 100.0
+
+
+def guidance_scale(text: str) -> float:
+    """A finite guidance scale in [0, :data:`MAX_GUIDANCE`] (argparse type: its error is the usage line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_GUIDANCE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not allowed; expected a finite scale in [0, {MAX_GUIDANCE:g}]"
+        )
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (argparse type)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer of at least 0 (argparse type)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; expected at least {minimum}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``flowrl`` subcommand."""
     parser = argparse.ArgumentParser(
@@ -174,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     sample = commands.add_parser("sample", help="write an image grid for prompts and seeds")
     sample.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
     sample.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    sample.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
-    sample.add_argument("--steps", type=int, default=20)
-    sample.add_argument("--cfg", type=float, default=1.0, help="guidance scale; 1 = no guidance")
+    sample.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1, 2, 3])
+    sample.add_argument("--steps", type=positive_int, default=20)
+    sample.add_argument("--cfg", type=guidance_scale, default=1.0, help="guidance scale; 1 = no guidance")
     sample.add_argument("--out", default="outputs/samples.png")
     sample.set_defaults(run=_sample)
 
@@ -186,10 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "moving-shapes clips)",
     )
     evaluation.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
-    evaluation.add_argument("--cfg", type=float, nargs="+", default=[1.0], help="guidance scales to evaluate")
-    evaluation.add_argument("--images-per-task", type=int, default=64)
-    evaluation.add_argument("--steps", type=int, default=20)
-    evaluation.add_argument("--seed", type=int, default=0)
+    evaluation.add_argument(
+        "--cfg", type=guidance_scale, nargs="+", default=[1.0], help="guidance scales to evaluate"
+    )
+    evaluation.add_argument("--images-per-task", type=positive_int, default=64)
+    evaluation.add_argument("--steps", type=positive_int, default=20)
+    evaluation.add_argument("--seed", type=non_negative_int, default=0)
     evaluation.add_argument(
         "--split",
         choices=("test", "train"),

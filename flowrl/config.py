@@ -81,7 +81,7 @@ class TrainingConfig:
     adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
     grad_clip: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
     ema_decay: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    seed: int = 0
+    seed: int = field(default=0, metadata=_at_least(0))
     threads: int = field(default=0, metadata=_at_least(0))
     #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
     #: ``on_error: skip_batch`` reward failed) before the run stops with an error

@@ -28,17 +28,32 @@ def load_prompts(spec: str) -> list[PromptRecord]:
     if spec in SHIPPED_TRAIN_PROMPTS:
         return SHIPPED_TRAIN_PROMPTS[spec].prompts("train")
     path = Path(spec)
-    if path.suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        missing = [index for index, record in enumerate(records) if "prompt" not in record]
-        if missing:
-            raise ValueError(f"{path}: records {missing[:5]} have no 'prompt' field")
-        return records
+    if path.suffix not in (".jsonl", ".txt"):
+        raise ValueError(
+            f"prompt file {spec!r} is not allowed; use one of {sorted(SHIPPED_TRAIN_PROMPTS)}, a .jsonl or a .txt "
+            "file"
+        )
+    if not path.is_file():
+        raise ValueError(f"prompt file {spec!r} does not exist")
+    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     if path.suffix == ".txt":
-        return [{"prompt": line.strip()} for line in path.read_text().splitlines() if line.strip()]
-    raise ValueError(
-        f"prompt file {spec!r} is not allowed; use one of {sorted(SHIPPED_TRAIN_PROMPTS)}, a .jsonl or a .txt file"
-    )
+        records: list[PromptRecord] = [{"prompt": line.strip()} for line in lines]
+    else:
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}: record {number} is not JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: record {number} is {type(record).__name__}; expected an object")
+            records.append(record)
+    bad = [index for index, record in enumerate(records, 1) if not isinstance(record.get("prompt"), str)]
+    if bad:
+        raise ValueError(f"{path}: records {bad[:5]} have no 'prompt' string (a prompt is text)")
+    if not records:
+        raise ValueError(f"prompt file {spec!r} holds no prompts")
+    return records
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,12 @@ class Trainer:
         self.algorithm, self.local_images, self.micro_batches = check_batches(config, acc.num_processes)
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.prompts = load_prompts(config.data.prompts)
+        if config.training.prompts_per_step > len(self.prompts):
+            raise ValueError(
+                f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
+                f"{len(self.prompts)} prompts of data.prompts={config.data.prompts!r}"
+            )
         self.run_lock = self.claim_run_folder()
         try:
             self.set_up()
@@ -226,13 +232,7 @@ class Trainer:
         self.resume_from = self.checkpoint_to_resume()
         acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
-        self.prompts = load_prompts(config.data.prompts)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling, config.data.task_weights)
-        if config.training.prompts_per_step > len(self.prompts):
-            raise ValueError(
-                f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
-                f"{len(self.prompts)} prompts of data.prompts={config.data.prompts!r}"
-            )
         self.reward = MultiReward(config.rewards)
 
         torch.manual_seed(config.training.seed)

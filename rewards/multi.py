@@ -197,8 +197,13 @@ class MultiReward:
         for name, spec in rewards.items():
             normalised = _normalised_spec(name, spec)
             reward_name = normalised.get("reward", name)
-            if not isinstance(reward_name, str):
+            if callable(reward_name):  # a callable given through the Python API
                 continue
+            if not isinstance(reward_name, str):
+                raise ValueError(
+                    f"reward entry {name!r}: reward={reward_name!r} is not allowed; give a registered reward's "
+                    "name, a plugin's or a dotted path package.module:Name"
+                )
             if reward_name not in known and ":" not in reward_name:
                 raise ValueError(
                     f"reward entry {name!r} names unknown reward {reward_name!r}; available: {known}"

@@ -226,3 +226,51 @@ def test_a_busy_cpu_is_warned_about(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         busy.warn_if_busy(2, "flowrl train")
+
+
+@pytest.mark.parametrize(
+    "prompts, override, message",
+    [
+        ("", None, "holds no prompts"),
+        ('{"prompt": 5}\n', None, "have no 'prompt' string"),
+        ('{"prompt": ["a"]}\n', None, "have no 'prompt' string"),
+        ('["a"]\n', None, "record 1 is list; expected an object"),
+        (None, "rewards={x: {reward: 5}}", "reward=5 is not allowed"),
+        (None, "training.seed=-1", "training.seed=-1 is not allowed"),
+    ],
+)
+def test_bad_inputs_are_one_line_before_any_file_is_written(tmp_path, capsys, prompts, override, message):
+    """Issue 32, items 14 and 15: checked before the run folder exists or a model loads."""
+    overrides = [f"logging.output_dir={tmp_path / 'run'}"]
+    if prompts is not None:
+        path = tmp_path / ("prompts.txt" if prompts == "" else "prompts.jsonl")
+        path.write_text(prompts)
+        overrides.append(f"data.prompts={path}")
+    if override is not None:
+        overrides.append(override)
+    assert main(["train", "configs/shapes_nft.yaml", *overrides]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0], error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sample", "--prompt", "a red circle", "--cfg", "nan"],
+        ["sample", "--prompt", "a red circle", "--cfg", "1e308"],
+        ["eval", "--cfg", "inf"],
+        ["eval", "--steps", "0"],
+        ["pretrain-shapes", "--steps", "0"],
+    ],
+)
+def test_the_other_subcommands_refuse_non_finite_or_empty_work(tmp_path, capsys, argv):
+    """Issue 32, item 16: no black images with NaN scores, no untrained model written."""
+    out = tmp_path / "out"
+    try:
+        code = main([*argv, "--out", str(out)])
+    except SystemExit as exited:  # argparse's own check of a flag
+        code = exited.code
+    assert code == 2
+    assert "is not allowed" in capsys.readouterr().err
+    assert not out.exists()
