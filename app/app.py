@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 MAX_IMAGES = 8
 MAX_STEPS = 100
+#: the largest guidance scale the app takes (its sliders go to 10)
+MAX_CFG = 20.0
+#: the largest request body the server accepts: the app takes no uploads, its requests are a few KB
+MAX_REQUEST_SIZE = "1mb"
 #: Side of the displayed images: the model's 32 px, enlarged without smoothing.
 DISPLAY_SIZE = 160
 #: Where run curves are drawn (files Gradio may serve: they are under the temporary directory).
@@ -92,8 +97,10 @@ def _check_settings(
         raise ValueError(f"The number of steps must be between 1 and {MAX_STEPS}, got {num_steps}.")
     if not isinstance(sampler, str) or sampler not in ODE_SOLVERS:
         raise ValueError(f"Unknown sampler {sampler!r}; choose one of {', '.join(ODE_SOLVERS)}.")
-    if min(scales) < 0:
-        raise ValueError(f"CFG scales must be at least 0 (1 = no guidance), got {scales}.")
+    if not all(math.isfinite(scale) and 0 <= scale <= MAX_CFG for scale in scales):
+        raise ValueError(
+            f"CFG scales must be finite numbers from 0 to {MAX_CFG:g} (1 = no guidance), got {scales}."
+        )
 
 
 def compare(
@@ -387,6 +394,11 @@ def launch(
     """
     demo = build_app(tuned, base, runs_root, trust_run_code).queue(default_concurrency_limit=1)
     demo.launch(
-        server_name=host, server_port=port, share=share, prevent_thread_lock=not block, ssr_mode=False
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=not block,
+        ssr_mode=False,
+        max_file_size=MAX_REQUEST_SIZE,
     )
     return demo

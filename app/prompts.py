@@ -42,12 +42,23 @@ def held_out_prompts() -> dict[str, list[str]]:
     return {task: [record["prompt"] for record in records if record["tag"] == task] for task in TASKS}
 
 
+#: the longest prompt the app reads (the grammar's longest is under 80 characters)
+MAX_PROMPT_CHARS = 300
+
+
 def parse_prompt(prompt: str, models: tuple[ShapesDiT, ...] = ()) -> PromptRecord:
     """The grammar's record (``prompt``, ``tag``, ``include``) of a free-text prompt; ``ValueError`` if none.
 
     Words are checked against the vocabulary of every model in ``models``
     (those that will generate from the prompt) before the grammar.
     """
+    if not isinstance(prompt, str):
+        raise ValueError("The prompt must be text.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(
+            f"The prompt is {len(prompt):,} characters; the shapes grammar's are far shorter (at most "
+            f"{MAX_PROMPT_CHARS})."
+        )
     text = normalise(prompt)
     if not text:
         raise ValueError("Enter a prompt, or pick one of the held-out prompts.")

@@ -141,10 +141,12 @@ def test_run_overview_draws_the_curves_of_the_run(run, tiny_model_dir, catalog):
         ("   ", "Enter a prompt"),
         ("a red elephant", "does not know the word(s) 'elephant'"),
         ("circle a red", "is not a sentence of the shapes grammar"),
+        ("a red circle " * 160_000, "The prompt is 2,080,000 characters"),  # issue 32, item 10: not echoed
     ],
 )
 def test_bad_prompts_are_messages(run, catalog, prompt, message):
-    assert message in _error(catalog, run, prompt)
+    error = _error(catalog, run, prompt)
+    assert message in error and len(error) < 400
 
 
 def test_free_text_is_read_case_and_space_insensitively():
@@ -172,6 +174,8 @@ def test_bad_settings_are_messages(run, catalog):
     assert "number of steps must be between 1 and 100" in _error(catalog, run, num_steps=1000)
     assert "Unknown sampler 'rk4'" in _error(catalog, run, sampler="rk4")
     assert "seed must be at least 0, got -1" in _error(catalog, run, seed=-1)
+    for scale in (float("nan"), float("inf"), 1e308, -1.0):  # issue 32, item 10
+        assert "CFG scales must be finite numbers from 0 to 20" in _error(catalog, run, tuned_cfg=scale)
 
 
 @pytest.mark.parametrize(
