@@ -47,7 +47,8 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from rewards.world_spec import PALETTE, RELATIONS
+from rewards.base import RewardError
+from rewards.world_spec import PALETTE, RELATIONS, SHAPE_CLASSES
 
 FOREGROUND_LEVEL = 0.4
 MAX_COLOR_DISTANCE = 0.45
@@ -197,6 +198,45 @@ def entry_checks(objects: Sequence[DetectedObject], metadata: Mapping[str, Any])
     return verdicts
 
 
+#: the most ``include`` entries one record may have (the grammar's prompts have at most 2)
+MAX_INCLUDE = 16
+#: the largest ``count`` an entry may ask for (the grammar's at most 4)
+MAX_COUNT = 64
+
+
+def check_metadata(metadata: Any, index: int) -> None:
+    """A :class:`RewardError` saying what is wrong with record ``index``'s metadata (never echoing it): a
+    mapping with an ``include`` list of at most :data:`MAX_INCLUDE` entries, each with a known ``class``, a
+    ``count`` in [1, :data:`MAX_COUNT`], a palette ``color`` and a ``position`` ``[relation, earlier entry]``."""
+    where = f"shapes_verifier: metadata[{index}]"
+    include = metadata.get("include") if isinstance(metadata, Mapping) else None
+    if not isinstance(include, list) or not 1 <= len(include) <= MAX_INCLUDE:
+        raise RewardError(f"{where} needs an 'include' list of 1 to {MAX_INCLUDE} entries")
+    for number, entry in enumerate(include):
+        place = f"{where}.include[{number}]"
+        if not isinstance(entry, Mapping) or entry.get("class") not in SHAPE_CLASSES:
+            raise RewardError(f"{place} needs a 'class' in {list(SHAPE_CLASSES)}")
+        count = entry.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+            raise RewardError(f"{place}: 'count' must be an integer in [1, {MAX_COUNT}]")
+        if "color" in entry and entry["color"] not in PALETTE:
+            raise RewardError(f"{place}: 'color' must be one of {list(PALETTE)}")
+        if "position" in entry:
+            position = entry["position"]
+            if (
+                not isinstance(position, list)
+                or len(position) != 2
+                or position[0] not in RELATIONS
+                or not isinstance(position[1], int)
+                or isinstance(position[1], bool)
+                or not 0 <= position[1] < number
+            ):
+                raise RewardError(
+                    f"{place}: 'position' must be [relation, index of an earlier entry], relation in "
+                    f"{list(RELATIONS)}"
+                )
+
+
 def score_objects(objects: Sequence[DetectedObject], metadata: Mapping[str, Any]) -> tuple[float, float]:
     """``(strict, partial)`` scores of detected objects against GenEval-style metadata (see module docstring)."""
     checks = [value for verdict in entry_checks(objects, metadata) for value in verdict.values()]
@@ -229,6 +269,8 @@ class ShapesVerifier:
             raise ValueError(
                 f"shapes_verifier got {images.shape[0]} images but {len(metadata)} metadata entries"
             )
+        for index, meta in enumerate(metadata):
+            check_metadata(meta, index)
         pixels = images.detach().float().cpu().permute(0, 2, 3, 1).numpy()
         scores = [verify_image(image, meta) for image, meta in zip(pixels, metadata)]
         strict, partial = zip(*scores) if scores else ((), ())

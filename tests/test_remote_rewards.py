@@ -522,3 +522,31 @@ def test_bad_settings_are_one_line_errors():
         RemoteReward("http://127.0.0.1:1", startup_patience=-2)
     with pytest.raises(ValueError, match=r"^Limits.max_items=0; allowed: an integer >= 1$"):
         Limits(max_items=0)
+
+
+@pytest.mark.parametrize(
+    "metadata, message",
+    [
+        ({"include": "a red circle SECRET"}, r"metadata\[0\] needs an 'include' list"),
+        ({"include": [{"class": "SECRET"}]}, r"metadata\[0\].include\[0\] needs a 'class'"),
+        ({"include": [{"class": "circle", "count": 10**9}]}, r"'count' must be an integer in \[1, 64\]"),
+        ({"include": [{"class": "circle", "position": ["SECRET", 3]}]}, r"'position' must be \[relation"),
+        ("SECRET", r"metadata.0: Input should be an object"),
+    ],
+)
+def test_malformed_verifier_metadata_is_a_client_error_that_echoes_nothing(metadata, message):
+    """Issue 32, item 12: 4xx (final, the request's fault), not 500, and nothing of the input in the answer."""
+    reward = build_reward("shapes_verifier")
+    images = quantized_images()
+    with running_server("shapes_verifier", reward) as url:
+        answer = httpx.post(
+            f"{url}/score",
+            json={
+                "prompts": ["a red circle"] * images.shape[0],
+                "metadata": [metadata] * images.shape[0],
+                "images": [encode_image(image) for image in images],
+            },
+            timeout=30,
+        )
+    assert answer.status_code in (400, 422), answer.text  # 400: the protocol's schema; 422: the verifier
+    assert re.search(message, answer.json()["error"]) and "SECRET" not in answer.text
