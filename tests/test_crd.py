@@ -93,6 +93,50 @@ def test_the_squared_gradient_through_the_group_means_vanishes():
     torch.testing.assert_close(full.grad, detached.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_the_uncentred_log_ratio_adds_a_restoring_force_on_the_group_mean():
+    """``center_log_ratio=False``: ``(c / beta)(beta l_i - r_c,i)²`` per sample (written out here), whose group
+    sum is the centred loss's plus ``n (beta mean l)²`` (so a common shift of the log-ratio now costs)."""
+    v_theta, v_old, v_anchor, eps, x0, advantages = random_batch()
+    beta, c = 0.7, 5.0
+    terms = crd_loss(
+        v_theta,
+        v_old,
+        v_anchor,
+        eps,
+        x0,
+        advantages,
+        GROUP,
+        beta,
+        c,
+        anchor_strength=torch.zeros(6),
+        center_log_ratio=False,
+    )
+    ratios = []
+    for i in range(6):
+        e = [
+            ((v[i] - (eps[i] - x0[i])) ** 2).mean() / (v[i] - (eps[i] - x0[i])).abs().mean()
+            for v in (v_theta, v_old)
+        ]
+        ratios.append(float(e[1] - e[0]))
+    probabilities = [min(max(float(a), -c), c) / (2 * c) + 0.5 for a in advantages]
+    expected = []
+    for i in range(6):
+        group = range(i - i % GROUP, i - i % GROUP + GROUP)
+        target = probabilities[i] - sum(probabilities[j] for j in group) / GROUP
+        expected.append(c / beta * (beta * ratios[i] - target) ** 2)
+    torch.testing.assert_close(
+        terms.loss.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-7
+    )
+    centred = crd_loss(
+        v_theta, v_old, v_anchor, eps, x0, advantages, GROUP, beta, c, anchor_strength=torch.zeros(6)
+    )
+    for start in (0, GROUP):
+        part = slice(start, start + GROUP)
+        mean_ratio = sum(ratios[part]) / GROUP
+        gap = float(terms.loss[part].sum() - centred.loss[part].sum())
+        assert gap == pytest.approx(c / beta * GROUP * (beta * mean_ratio) ** 2, rel=1e-5)
+
+
 def test_the_loss_refuses_split_groups():
     v_theta, v_old, v_anchor, eps, x0, advantages = random_batch(rows=4)
     with pytest.raises(ValueError, match="whole groups"):

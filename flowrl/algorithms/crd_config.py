@@ -22,6 +22,9 @@ class CRDConfig(NFTConfig):
     #: the errors of the implicit log-ratio: ``velocity`` (against ``eps - x0``, the reference code) or ``x0``
     #: space (the same times ``t``, flowrl's earlier form, DiffusionNFT's space)
     crd_error_space: str = field(default="velocity", metadata=choice("velocity", "x0"))
+    #: match the log-ratio centred within its group (the paper and the reference) or uncentred (flowrl's
+    #: variant: the centred loss plus a restoring force on the group's mean log-ratio; module docstring)
+    center_log_ratio: bool = True
     #: beta of ``beta * l_theta`` matched to the centred optimality probability
     crd_beta: float = field(default=1.0, metadata=at_least(0.0, strict=True))
     anchor_weight: float = field(default=0.1, metadata=at_least(0.0))
