@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import logging
 import math
 import tempfile
@@ -31,7 +32,7 @@ import torch
 from PIL import Image
 
 from app.prompts import held_out_prompts, parse_prompt
-from app.runs import Catalog, load_model, reward_spec, run_config
+from app.runs import Catalog, left_out_runs, load_model, reward_spec, run_config
 from app.scores import CARDS_CSS, ImageScores, build_reward, score_images, scores_cards
 from flowrl.checkpoint import CheckpointError
 from flowrl.generate import generate
@@ -314,6 +315,7 @@ def build_app(
     """
     catalog = Catalog(Path(runs_root), base, tuned)
     tuned_choices = catalog.tuned_choices()
+    left_out = left_out_runs(runs_root)
     tuned = tuned or (tuned_choices[0] if tuned_choices else None)
     generate_event = functools.partial(on_generate, catalog=catalog, trust_run_code=trust_run_code)
     overview_event = functools.partial(run_overview, catalog=catalog)
@@ -336,6 +338,14 @@ def build_app(
                     if tuned_choices
                     else f"no run under {runs_root}/",
                 )
+                if left_out:
+                    gr.Markdown(
+                        "Not offered: "
+                        + "; ".join(
+                            f"`{html.escape(name)}` ({html.escape(reason)})" for name, reason in left_out
+                        ),
+                        elem_id="left-out",
+                    )
                 task = gr.Dropdown(list(TASKS), value=first_task, label="Held-out prompts: task")
                 held_out = gr.Dropdown(held_out_prompts()[first_task], value=None, label="Held-out prompt")
                 prompt = gr.Textbox(

@@ -47,8 +47,15 @@ def is_video_run(path: Path) -> bool:
     """Whether a run trained a video model: its saved model has ``num_frames > 1``, or it trained on the
     video world's prompts."""
     model_config = path / "model" / CONFIG_NAME
-    if model_config.is_file() and json.loads(model_config.read_text()).get("num_frames", 1) > 1:
-        return True
+    if model_config.is_file():
+        try:
+            frames = json.loads(model_config.read_text(encoding="utf-8", errors="replace")).get(
+                "num_frames", 1
+            )
+        except (ValueError, AttributeError) as error:
+            raise ValueError(f"model/{CONFIG_NAME} is not a JSON object ({error})") from None
+        if isinstance(frames, int) and frames > 1:
+            return True
     return run_config(path).get("data", {}).get("prompts") == "video-shapes-train"
 
 
@@ -83,6 +90,30 @@ def find_runs(root: str | Path) -> list[Path]:
         path for path in root.iterdir() if path.is_dir() and is_confined(path, root) and _readable_run(path)
     )
     return sorted(runs, key=_modified, reverse=True)
+
+
+def left_out_runs(root: str | Path) -> list[tuple[str, str]]:
+    """The folders directly under ``root`` that hold a run the app does not offer, each with the one-line
+    reason (a file leading outside the runs folder, an unreadable config or model); folders holding no run
+    are not listed."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    left_out = []
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or not any(
+            (path / name).exists() for name in ("model", "checkpoints", "config.yaml")
+        ):
+            continue
+        if not is_confined(path, root):
+            left_out.append((path.name, "a file in it leads outside the runs folder"))
+            continue
+        try:
+            is_run(path)
+        except (ValueError, OSError) as error:
+            reason = " ".join(str(error).split())
+            left_out.append((path.name, reason if len(reason) <= 200 else reason[:197] + "..."))
+    return left_out
 
 
 def _readable_run(path: Path) -> bool:

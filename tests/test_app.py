@@ -14,10 +14,10 @@ import yaml
 from app_runs import make_run
 
 import app.app as demo_app
-from app.app import compare, on_generate, run_overview
+from app.app import build_app, compare, on_generate, run_overview
 from app.cli import build_parser
 from app.prompts import parse_prompt
-from app.runs import Catalog, find_runs, load_model, source_choices
+from app.runs import Catalog, find_runs, left_out_runs, load_model, source_choices
 from app.scores import check_run_code, scores_cards, verdict
 from flowrl.generate import generate
 from flowrl.shapes.render import SceneObject, draw_scene
@@ -304,6 +304,29 @@ def test_any_file_symlinked_out_of_the_root_keeps_the_run_out(
     assert run not in find_runs(catalog.root)
     for source in (run, checkpoint):
         assert _error(catalog, source).startswith(NOT_OFFERED)
+
+
+def test_bad_run_folders_are_listed_with_their_reason_and_the_good_ones_still_serve(
+    catalog, run, tmp_path, tiny_model, tiny_model_dir
+):
+    """Issue 32, item 9: a malformed config.yaml, a malformed model/config.json, a dangling symlink out of the
+    root: each run is left out with a one-line reason, at start-up or appearing later, and the others work."""
+    bomb = make_run(catalog.root / "bomb", tiny_model_dir, tiny_model)
+    (bomb / "config.yaml").write_text("a: &a [1]\nb: [*a, *a]\n")
+    broken = make_run(catalog.root / "broken", tiny_model_dir, tiny_model)
+    (broken / "model" / "config.json").write_text("{not json")
+    dangling = make_run(catalog.root / "dangling", tiny_model_dir, tiny_model)
+    (dangling / "notes.txt").symlink_to(tmp_path / "elsewhere-missing")
+    assert find_runs(catalog.root) == [run]
+    reasons = dict(left_out_runs(catalog.root))
+    assert "aliases (*name) are not allowed" in reasons["bomb"]
+    assert reasons["broken"].startswith("model/config.json is not a JSON object")
+    assert reasons["dangling"] == "a file in it leads outside the runs folder"
+    assert all("\n" not in reason for reason in reasons.values())
+    assert compare(PROMPT, 0, 1, 1, "euler", 1.0, 1.0, catalog.base, str(run), catalog=catalog).seeds == [0]
+    listed = build_app(None, str(tiny_model_dir), catalog.root)
+    texts = [getattr(block, "value", "") for block in listed.blocks.values()]
+    assert any(isinstance(text, str) and text.startswith("Not offered: `bomb`") for text in texts)
 
 
 def _shell_rewards(form: str, marker: Path) -> dict:
