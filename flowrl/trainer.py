@@ -48,6 +48,7 @@ from flowrl.advantages import RewardBatch
 from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
 from flowrl.busy import warn_if_busy
 from flowrl.checkpoint import (
+    CheckpointError,
     checkpoint_config,
     clean_temporaries,
     read_checkpoint,
@@ -313,14 +314,23 @@ class Trainer:
         saved = checkpoint_config(path)
         if saved is not None:
             check_resume_changes(saved, self.run_record(), str(path))
+        # read now, before a model loads or a file is written: a checkpoint that cannot be read (a pickled
+        # object refused by weights_only, a missing part) is refused while the folder is still as it was
+        self.resume_payload = read_checkpoint(path)
+        missing = sorted({"policy", "optimizer", "scheduler", "rng"} - set(self.resume_payload[1]))
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {path} lacks {', '.join(f'{name}.pt' for name in missing)}; it cannot resume a run"
+            )
         return path
 
     def resume(self) -> None:
-        """Load the checkpoint chosen at start-up, if any."""
+        """Load the checkpoint chosen at start-up (read by :meth:`checkpoint_to_resume`), if any."""
         path = self.resume_from
         if path is None:
             return
-        self.step, payload = read_checkpoint(path)
+        self.step, payload = self.resume_payload
+        del self.resume_payload  # its tensors are copied into the model and optimizer below
         self.policy.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from rewards.base import RewardError, modality_of, score
-from rewards.registry import available_rewards, build_reward, check_settings
+from rewards.registry import available_rewards, build_reward, check_settings, resolve_reward
 
 #: what an entry does when its reward fails (module docstring)
 ON_ERROR = ("raise", "skip_batch", "zero")
@@ -212,6 +212,11 @@ class MultiReward:
                 check_settings(reward_name, normalised.get("settings", {}))
             except ValueError as error:
                 raise ValueError(f"reward entry {name!r}: {error}") from None
+            key = normalised.get("key")
+            known_keys = getattr(resolve_reward(reward_name), "score_keys", None)
+            if key is not None and (not isinstance(key, str) or (known_keys and key not in known_keys)):
+                allowed = f"one of {list(known_keys)}" if known_keys else "a sub-score's name"
+                raise ValueError(f"reward entry {name!r}: key={key!r} is not allowed; expected {allowed}")
 
     @property
     def weights(self) -> dict[str, float]:

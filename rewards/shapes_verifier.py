@@ -257,8 +257,9 @@ class ShapesVerifier:
     """
 
     modality = "image"
-    #: The sub-score a MultiReward aggregates by default.
+    #: The sub-score a MultiReward aggregates by default, and all it returns (checked before it is built).
     primary_score = "partial"
+    score_keys = ("partial", "strict")
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]

@@ -176,6 +176,7 @@ class VideoShapesVerifier:
     modality = "video"
     #: The sub-score a MultiReward aggregates by default.
     primary_score = "partial"
+    score_keys = ("partial", "strict")  #: all it returns (checked before it is built)
 
     def __call__(
         self, videos: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]

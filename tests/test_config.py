@@ -70,3 +70,12 @@ def test_defaults_cycles_and_missing_files_are_errors(tmp_path):
         load_config(tmp_path / "a.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_misspelt_reward_key_is_refused_at_config_time():
+    """Issue 32, item 15: a sub-score the reward does not return, named before any model loads."""
+    with pytest.raises(
+        ConfigError, match=r"key='partal' is not allowed; expected one of \['partial', 'strict'\]"
+    ):
+        load_config("configs/shapes_nft.yaml", ["rewards={v: {reward: shapes_verifier, key: partal}}"])
+    assert load_config("configs/shapes_nft.yaml", ["rewards={v: {reward: shapes_verifier, key: strict}}"])

@@ -2,6 +2,7 @@
 history is lost or mixed, non-finite numbers never train or get saved (faults in rewards and one-line
 errors: test_faults_and_errors.py)."""
 
+import io
 import json
 import os
 import pickle
@@ -259,3 +260,27 @@ def test_a_non_finite_loss_skips_its_update_and_too_many_in_a_row_stop_the_run(t
     with pytest.raises(FloatingPointError, match="not saving the checkpoint at step 2: non-finite values"):
         trainer.save_checkpoint()
     assert [path.name for path in list_checkpoints(tmp_path / "all" / "checkpoints")] == ["step_000001"]
+
+
+@pytest.mark.parametrize("fault", ["pickled object", "no optimizer.pt"])
+def test_a_checkpoint_that_cannot_resume_is_refused_before_anything_is_written(
+    tmp_path, tiny_model_dir, fault
+):
+    """Issue 32, items 14 and 15: ``resume=<path>`` to a checkpoint holding a pickled object, or lacking a
+    part, is one line before the model loads or the (new) run folder holds anything but its lock."""
+    marker = tmp_path / "pwned"
+    checkpoint = tmp_path / "elsewhere" / "step_000003"
+    if fault == "pickled object":
+        _forge(checkpoint, {"policy.pt": pickle.dumps(_Exploit(marker))})
+        message = "does not load it"
+    else:
+        buffer = io.BytesIO()
+        torch.save({"model": {}}, buffer)
+        _forge(checkpoint, {"policy.pt": buffer.getvalue()})
+        message = "lacks optimizer.pt, rng.pt, scheduler.pt"
+    output = tmp_path / "run"
+    with pytest.raises(CheckpointError, match=message):
+        Trainer(tiny_config(tiny_model_dir, output, "training.steps=4", f"resume={checkpoint}"))
+    assert sorted(path.name for path in output.iterdir()) == [".flowrl.lock"]
+    assert not marker.exists()
+    assert train(tiny_model_dir, output, "training.steps=1")["steps"] == 1  # the fixed re-run is not refused
