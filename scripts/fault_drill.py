@@ -17,10 +17,14 @@ Scenarios (each compared with one uninterrupted reference run of the same config
              seconds later: the client retries and the run completes
   nan        a reward that returns NaN on some batches: ``on_error: raise`` stops with one line;
              ``skip_batch`` and ``zero`` complete, counting what they absorbed
-  configs    bad config files and overrides through ``flowrl train`` (in process): each must be refused
-             with exit status 2 and one line naming what was wrong, before any model loads
+  configs    bad config files, overrides and prompt files through ``flowrl train`` (in process), alias
+             bombs and deep YAML included: each must be refused with exit status 2 and one line naming
+             what was wrong, before any model loads or any run file is written
   requests   malformed and oversized requests to ``flowrl reward-server``: each must be a quick 4xx that
              does not echo its input, and the server must stay healthy
+  folder     two runs started into one folder at once: one trains (identically to the reference), the
+             other is refused in one line; ``resume=latest`` into a live run is refused and the live run
+             completes identically
 
 Writes ``--out`` (JSON) beside the printed table. Run it alone: it times nothing, but its processes
 need the CPU.
@@ -52,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import list_checkpoints, read_checkpoint  # noqa: E402
+from flowrl.run_folder import RUN_FILES  # noqa: E402
 from flowrl.run_log import read_metrics  # noqa: E402
 
 STEPS = 8
@@ -463,6 +468,29 @@ BAD_CONFIGS: list[tuple[str, str | None, list[str]]] = [
         "training: !!python/object/apply:os.system [echo pwned]\n",
         [],
     ),
+    # issue 32: bounded YAML, values checked before the folder is claimed
+    *[
+        (f"override {o}", None, [o])
+        for o in (
+            "training.steps=!!float",
+            "training.steps=!!int x",
+            "training.seed=-1",
+            "rewards={x: {reward: 5}}",
+            "rewards={v: {reward: shapes_verifier, key: partal}}",
+            "rewards=*a",
+        )
+    ],
+    (
+        "a YAML alias bomb (9 ** 8 strings from 565 bytes)",
+        "\n".join(
+            ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+            + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+        ),
+        [],
+    ),
+    ("YAML nested 50,000 deep", "x: " + "[" * 50_000 + "]" * 50_000 + "\n", []),
+    ("a YAML complex key", "? [training, steps]\n: 3\n", []),
+    ("a 2 MB config", "x: " + "1" * 2_000_000 + "\n", []),
 ]
 
 
@@ -475,8 +503,14 @@ def configs_scenario(work: Path) -> list[Outcome]:
     folder = work / "configs"
     folder.mkdir()
     (folder / "file").write_text("")
+    (folder / "empty.txt").write_text("")
+    (folder / "number.jsonl").write_text('{"prompt": 5}\n')
+    (folder / "list.jsonl").write_text('["a red circle"]\n')
     cases = [
         *BAD_CONFIGS,
+        ("an empty prompt file", None, [f"data.prompts={folder / 'empty.txt'}"]),
+        ("a .jsonl whose prompt is a number", None, [f"data.prompts={folder / 'number.jsonl'}"]),
+        ("a .jsonl whose record is a list", None, [f"data.prompts={folder / 'list.jsonl'}"]),
         ("output folder that is a file", None, [f"logging.output_dir={folder / 'file'}"]),
         ("a directory as config", str(folder), []),
         ("a non-UTF-8 config", "latin-1", []),
@@ -501,7 +535,9 @@ def configs_scenario(work: Path) -> list[Outcome]:
             except BaseException as error:  # a traceback would be a failure of the drill
                 status = f"raised {type(error).__name__}"
         lines = stderr.getvalue().strip().splitlines()
-        if status == 2 and len(lines) == 1 and "Traceback" not in lines[0]:
+        run_folder = folder / f"run{index}"
+        written = [name for name in RUN_FILES if (run_folder / name).exists()]
+        if status == 2 and len(lines) == 1 and "Traceback" not in lines[0] and not written:
             clean += 1
         else:
             failures.append(f"{what}: {status} {lines[-1:]}")
@@ -509,7 +545,7 @@ def configs_scenario(work: Path) -> list[Outcome]:
         Outcome(
             "configs",
             f"{len(cases)} bad config files and overrides",
-            f"{clean} refused with one line and exit 2 before any model loaded"
+            f"{clean} refused with one line and exit 2 before any model loaded or run file was written"
             + (f"; not clean: {failures}" if failures else ""),
             not failures,
         )
@@ -651,6 +687,44 @@ def requests_scenario(work: Path) -> list[Outcome]:
     ]
 
 
+def folder_scenario(work: Path, reference: Path) -> list[Outcome]:
+    """Two runs started into one folder at once; a ``resume=latest`` into a run that is still going."""
+    output = work / "twins"
+    twins = [start(output) for _ in range(2)]
+    results = [(twin.wait(timeout=900), twin.stderr.read()) for twin in twins]
+    codes = sorted(code for code, _ in results)
+    refusal = last_line(next((err for code, err in results if code == 2), ""))
+    steps = [row["step"] for row in read_metrics(output / "metrics.jsonl") if "reward/mean" in row]
+    twins_ok = codes == [0, 2] and steps == list(range(1, STEPS + 1)) and identical(output, reference)
+    live = work / "live"
+    process = start(live)
+    wait_for_checkpoint(process, live)
+    second = run(live, "resume=latest")
+    process.communicate(timeout=900)
+    live_ok = (
+        second.returncode == 2
+        and "in use by a live flowrl run" in last_line(second.stderr)
+        and process.returncode == 0
+        and identical(live, reference)
+    )
+    return [
+        Outcome(
+            "folder",
+            "two runs started into one folder at once",
+            f"exit statuses {codes}; the refused one: {refusal!r}; the folder holds one run, "
+            f"{'identical to' if twins_ok else 'NOT identical to'} the uninterrupted run",
+            twins_ok,
+        ),
+        Outcome(
+            "folder",
+            "resume=latest into a run still going",
+            f"refused (exit {second.returncode}: {last_line(second.stderr)!r}); the live run "
+            f"{'completed identically' if live_ok else 'did NOT complete identically'}",
+            live_ok,
+        ),
+    ]
+
+
 def print_table(outcomes: list[Outcome]) -> None:
     width = max(len(o.fault) for o in outcomes)
     print(f"\n{'scenario':<10} {'fault':<{width}}  {'ok':<4} behaviour")
@@ -659,7 +733,7 @@ def print_table(outcomes: list[Outcome]) -> None:
     print(f"\n{sum(o.ok for o in outcomes)} of {len(outcomes)} faults survived as intended")
 
 
-SCENARIOS = ("configs", "requests", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
+SCENARIOS = ("configs", "requests", "folder", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
 
 
 def main() -> int:
@@ -668,7 +742,11 @@ def main() -> int:
     )
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument("--out", default="docs/fault_drill.json")
+    parser.add_argument(
+        "--out",
+        default="runs/fault_drill.json",
+        help="where the JSON goes (the tracked docs/fault_drill.json only when named)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="flowrl-drill-") as scratch:
         work = Path(scratch)
@@ -683,6 +761,7 @@ def main() -> int:
         runners = {
             "configs": lambda: configs_scenario(work),
             "requests": lambda: requests_scenario(work),
+            "folder": lambda: folder_scenario(work, reference),
             "kill": lambda: kill_scenario(work, reference, args.seed, duration),
             "sigint": lambda: sigint_scenario(work, reference),
             "corrupt": lambda: corrupt_scenario(work, reference),
