@@ -21,7 +21,6 @@ import functools
 import hashlib
 import html
 import logging
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import gradio as gr
 import torch
 from PIL import Image
 
+from app.limits import MAX_IMAGES, MAX_REQUEST_SIZE, MAX_STEPS, check_settings
 from app.prompts import held_out_prompts, parse_prompt
 from app.runs import Catalog, left_out_runs, load_model, reward_spec, run_config
 from app.scores import CARDS_CSS, ImageScores, build_reward, score_images, scores_cards
@@ -43,12 +43,6 @@ from samplers import ODE_SOLVERS
 
 logger = logging.getLogger(__name__)
 
-MAX_IMAGES = 8
-MAX_STEPS = 100
-#: the largest guidance scale the app takes (its sliders go to 10)
-MAX_CFG = 20.0
-#: the largest request body the server accepts: the app takes no uploads, its requests are a few KB
-MAX_REQUEST_SIZE = "1mb"
 #: Side of the displayed images: the model's 32 px, enlarged without smoothing.
 DISPLAY_SIZE = 160
 #: Where run curves are drawn (files Gradio may serve: they are under the temporary directory).
@@ -87,23 +81,6 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_settings(
-    seed: int, num_images: int, num_steps: int, sampler: str, scales: tuple[float, float]
-) -> None:
-    if seed < 0:
-        raise ValueError(f"The seed must be at least 0, got {seed}.")
-    if not 1 <= num_images <= MAX_IMAGES:
-        raise ValueError(f"The number of images must be between 1 and {MAX_IMAGES}, got {num_images}.")
-    if not 1 <= num_steps <= MAX_STEPS:
-        raise ValueError(f"The number of steps must be between 1 and {MAX_STEPS}, got {num_steps}.")
-    if not isinstance(sampler, str) or sampler not in ODE_SOLVERS:
-        raise ValueError(f"Unknown sampler {sampler!r}; choose one of {', '.join(ODE_SOLVERS)}.")
-    if not all(math.isfinite(scale) and 0 <= scale <= MAX_CFG for scale in scales):
-        raise ValueError(
-            f"CFG scales must be finite numbers from 0 to {MAX_CFG:g} (1 = no guidance), got {scales}."
-        )
-
-
 def compare(
     prompt: str,
     seed: int,
@@ -129,7 +106,7 @@ def compare(
     """
     num_images, num_steps, seed = int(num_images), int(num_steps), int(seed)
     base_cfg, tuned_cfg = float(base_cfg), float(tuned_cfg)
-    _check_settings(seed, num_images, num_steps, sampler, (base_cfg, tuned_cfg))
+    check_settings(seed, num_images, num_steps, sampler, (base_cfg, tuned_cfg))
     if not _filled(base):
         raise ValueError("Choose a base model.")
     if not _filled(tuned):

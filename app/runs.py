@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
-from flowrl.config import MAX_YAML_CHARS, parse_yaml
 from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
 from flowrl.models.shapes_dit import CONFIG_NAME
+from flowrl.yaml_reading import MAX_YAML_CHARS, parse_yaml
 
 #: The reward a run without a readable ``config.yaml`` is scored with (the trainer's default).
 DEFAULT_REWARDS: dict[str, Any] = {"shapes_verifier": 1.0}

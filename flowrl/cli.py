@@ -91,8 +91,8 @@ def _parse_settings(pairs: list[str]) -> dict[str, object]:
 
     ``dtype=NAME`` becomes the torch dtype (one of :data:`DTYPES`).
     """
-    from flowrl.config import parse_yaml
     from flowrl.models.dtypes import DTYPES
+    from flowrl.yaml_reading import parse_yaml
 
     settings: dict[str, object] = {}
     for pair in pairs:

@@ -13,8 +13,9 @@ from app_runs import make_run
 
 from app.runs import Catalog, find_runs, load_model, run_config
 from flowrl.cli import main
-from flowrl.config import MAX_YAML_CHARS, ConfigError, load_config, parse_yaml
+from flowrl.config import ConfigError, load_config
 from flowrl.models import load_shapes_model
+from flowrl.yaml_reading import MAX_YAML_CHARS, parse_yaml
 
 #: the 565-byte alias bomb of the issue's probe, one level short of exhausting the host: 9 ** 8 strings
 ALIAS_BOMB = "\n".join(

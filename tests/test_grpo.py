@@ -30,18 +30,9 @@ TINY_TREE = {
         "algorithm.timestep_fraction=0.25",
     ],
     # the reference's settings (the recipe departs from them: its header), which these tests check
-    "branchgrpo": [
-        "sampler.num_steps=5",
-        "algorithm.split_steps=[0,2]",
-        "training.micro_batch_size=4",
-        "algorithm.sde_variant=dance",
-        "algorithm.noise_level=0.3",
-        "algorithm.split_noise_scale=4.0",
-        "algorithm.clip_range=0.001",
-        "algorithm.kl_weight=0.0",
-        "algorithm.train_last_step=true",
-        "algorithm.width_pruning=best_and_worst",
-    ],
+    "branchgrpo": "sampler.num_steps=5 algorithm.split_steps=[0,2] training.micro_batch_size=4 "
+    "algorithm.sde_variant=dance algorithm.noise_level=0.3 algorithm.split_noise_scale=4.0 algorithm.clip_range=0.001 "
+    "algorithm.kl_weight=0.0 algorithm.train_last_step=true algorithm.width_pruning=best_and_worst".split(),
     "branchgrpo_mix": [
         "sampler.num_steps=5",
         "algorithm.split_steps=[0,1]",
@@ -405,19 +396,3 @@ def test_mode_2_breaks_ties_chain_by_chain_as_the_reference(tiny_model):
     assert int(after.sum()) == 4
     continued = sum(torch.equal(kept_x[j], kept_next[i]) for i in range(4) for j in range(4))
     assert continued == 2
-
-
-def test_leaves_std_scope_divides_every_depth_by_the_std_of_the_tree_leaves(tiny_model):
-    """``std_scope: leaves``: a node's advantage is its subtree mean minus its depth's mean, over the sample
-    std of the tree's leaf rewards (typed here from the definition, on a 4-leaf tree split at steps 0 and 2)."""
-    config = grpo_config("branchgrpo", "algorithm.std_scope=leaves", "algorithm.width_pruning=none")
-    policy = make_policy(ShapesFlowModel(tiny_model))
-    leaves = torch.tensor([1.0, 0.0, 0.5, 0.2])
-    _, _, rows = rollout_rows(BranchGRPO(config), policy, config, ["a red circle"], rewards=leaves)
-    mean = sum(leaves.tolist()) / 4
-    std = math.sqrt(sum((value - mean) ** 2 for value in leaves.tolist()) / 3)
-    halves = [(1.0 + 0.0) / 2 - mean, (0.5 + 0.2) / 2 - mean]  # depths 1, 2: the two subtrees' means
-    grid = timesteps(config.sampler.num_steps)
-    for depth, expected in [(1, halves), (2, halves), *[(d, (leaves - mean).tolist()) for d in (3, 4, 5)]]:
-        at_depth = (rows.data["t_next"] - float(grid[depth])).abs() < 1e-6
-        torch.testing.assert_close(rows.advantages[at_depth], torch.tensor(expected) / std)

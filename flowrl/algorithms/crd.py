@@ -19,8 +19,9 @@ log-ratio of a sample is estimated, as in the reference code (X-GenGroup/Flow-Fa
 plus a restoring force on the group's mean log-ratio, which the centred loss leaves free: a change of
 theta that moves every sample's likelihood alike (all colours at once) is otherwise held back by the
 anchor alone. It reads ``log Z(c)`` to first order as ``mean r / beta`` (``E_old[l] = 0`` for a small
-step). With both copies frozen (the reference's schedules) the centred form let theta run away from
-the base within 30 steps (held-out 0.594 -> 0.005, docs/results.md).
+step). Measured on the shapes world it does not help: with the old model frozen both forms ran away,
+and with the old model's decay capped at 0.95 the centred form held where this one ran away
+(docs/results.md).
 
 (``c / beta`` is the reference's scale of the policy term, as in DiffusionNFT's loss;
 ``crd_error_space: x0`` takes the errors in x0 space instead, ``t (v - v*) = -(x_t - t v - x0)``,
