@@ -82,46 +82,41 @@ def is_confined(run: Path, root: Path) -> bool:
 
 def find_runs(root: str | Path) -> list[Path]:
     """Run directories directly under ``root`` that hold a model or a checkpoint, newest first; a run that
-    leads outside ``root`` through a symlink is left out (see :func:`is_confined`)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    runs = (
-        path for path in root.iterdir() if path.is_dir() and is_confined(path, root) and _readable_run(path)
-    )
-    return sorted(runs, key=_modified, reverse=True)
+    leads outside ``root`` through a symlink, or whose files cannot be read, is left out (see
+    :func:`survey_runs`)."""
+    return survey_runs(root)[0]
 
 
 def left_out_runs(root: str | Path) -> list[tuple[str, str]]:
-    """The folders directly under ``root`` that hold a run the app does not offer, each with the one-line
-    reason (a file leading outside the runs folder, an unreadable config or model); folders holding no run
-    are not listed."""
+    """The folders directly under ``root`` that hold a run the app does not offer, each with its one-line
+    reason (see :func:`survey_runs`)."""
+    return survey_runs(root)[1]
+
+
+def survey_runs(root: str | Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """``(offered, left_out)`` of the folders directly under ``root``: the readable, confined runs (newest
+    first), and the folders that look like runs (a ``model``, ``checkpoints`` or ``config.yaml``) but are not
+    offered, by name with the one-line reason (a file leading outside the runs folder, an unreadable config
+    or model). Each folder is read in isolation: one bad run never hides the others."""
     root = Path(root)
     if not root.is_dir():
-        return []
-    left_out = []
+        return [], []
+    offered, left_out = [], []
     for path in sorted(root.iterdir()):
-        if not path.is_dir() or not any(
-            (path / name).exists() for name in ("model", "checkpoints", "config.yaml")
-        ):
+        if not path.is_dir():
             continue
+        looks_like_run = any((path / name).exists() for name in ("model", "checkpoints", "config.yaml"))
         if not is_confined(path, root):
-            left_out.append((path.name, "a file in it leads outside the runs folder"))
+            if looks_like_run:
+                left_out.append((path.name, "a file in it leads outside the runs folder"))
             continue
         try:
-            is_run(path)
+            if is_run(path):
+                offered.append(path)
         except (ValueError, OSError) as error:
             reason = " ".join(str(error).split())
             left_out.append((path.name, reason if len(reason) <= 200 else reason[:197] + "..."))
-    return left_out
-
-
-def _readable_run(path: Path) -> bool:
-    """:func:`is_run`, False for a run whose files cannot be read (one bad run never hides the others)."""
-    try:
-        return is_run(path)
-    except (ValueError, OSError):
-        return False
+    return sorted(offered, key=_modified, reverse=True), left_out
 
 
 def source_choices(root: str | Path) -> list[str]:
