@@ -22,15 +22,17 @@ import hashlib
 import html
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 import torch
 from PIL import Image
+from starlette.middleware import Middleware
 
 from app.limits import MAX_IMAGES, MAX_REQUEST_SIZE, MAX_STEPS, check_settings
+from app.origins import AllowedOrigins
 from app.prompts import held_out_prompts, parse_prompt
 from app.runs import Catalog, left_out_runs, load_model, reward_spec, run_config
 from app.scores import CARDS_CSS, ImageScores, build_reward, score_images, scores_cards
@@ -374,10 +376,13 @@ def launch(
     share: bool = False,
     block: bool = True,
     trust_run_code: bool = False,
+    allowed_hosts: Sequence[str] = (),
 ) -> gr.Blocks:
     """Build and serve the app (one generation at a time); ``block=False`` returns while it serves.
 
     ``trust_run_code`` lets a run's ``config.yaml`` name rewards by dotted path (code the app imports).
+    Requests must come from the app's own page (:class:`app.origins.AllowedOrigins`): by IP address,
+    ``localhost``, ``host`` or one of ``allowed_hosts``.
     """
     demo = build_app(tuned, base, runs_root, trust_run_code).queue(default_concurrency_limit=1)
     demo.launch(
@@ -387,5 +392,6 @@ def launch(
         prevent_thread_lock=not block,
         ssr_mode=False,
         max_file_size=MAX_REQUEST_SIZE,
+        app_kwargs={"middleware": [Middleware(AllowedOrigins, hosts=[host, *allowed_hosts])]},
     )
     return demo

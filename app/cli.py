@@ -26,6 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=None, help="port (default: 7860, or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link")
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the demo is reached by, besides IP addresses and localhost (a reverse proxy's or "
+        "share link's public name; repeat); '*' allows any (app/origins.py)",
+    )
+    parser.add_argument(
         "--trust-run-code",
         action="store_true",
         help="let a run's config.yaml name rewards by dotted path (package.module:Name), which the app imports "
@@ -55,6 +63,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m app") -> int:
             args.port,
             args.share,
             trust_run_code=args.trust_run_code,
+            allowed_hosts=args.allowed_host,
         )
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)

@@ -14,7 +14,6 @@ loads only on an offered base model's architecture.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
 from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
-from flowrl.models.shapes_dit import CONFIG_NAME
+from flowrl.models.shapes_dit import CONFIG_NAME, ShapesDiTConfig, read_model_config
 from flowrl.yaml_reading import MAX_YAML_CHARS, parse_yaml
 
 #: The reward a run without a readable ``config.yaml`` is scored with (the trainer's default).
@@ -45,18 +44,25 @@ def is_run(path: Path) -> bool:
 
 def is_video_run(path: Path) -> bool:
     """Whether a run trained a video model: its saved model has ``num_frames > 1``, or it trained on the
-    video world's prompts."""
+    video world's prompts. Its ``model/config.json`` is checked in full (fields, bounds, parameter count),
+    so a model the app could not load is reported when the runs are listed, not when it is asked for."""
     model_config = path / "model" / CONFIG_NAME
     if model_config.is_file():
-        try:
-            frames = json.loads(model_config.read_text(encoding="utf-8", errors="replace")).get(
-                "num_frames", 1
-            )
-        except (ValueError, AttributeError) as error:
-            raise ValueError(f"model/{CONFIG_NAME} is not a JSON object ({error})") from None
-        if isinstance(frames, int) and frames > 1:
+        status = model_config.stat()
+        if checked_model_config(model_config, status.st_mtime_ns, status.st_size).num_frames > 1:
             return True
     return run_config(path).get("data", {}).get("prompts") == "video-shapes-train"
+
+
+@functools.lru_cache(maxsize=256)
+def checked_model_config(path: Path, modified_ns: int, size: int) -> ShapesDiTConfig:
+    """``read_model_config(path)`` with its message relative to the run, cached while the file is unchanged
+    (the runs are listed at every call)."""
+    try:
+        return read_model_config(path)
+    except (ValueError, TypeError) as error:
+        message = str(error).replace(str(path), f"model/{CONFIG_NAME}")
+        raise ValueError(message) from None
 
 
 def _inside(path: Path, root: Path) -> bool:

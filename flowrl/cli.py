@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import fields
 from importlib import metadata
 from pathlib import Path
 
@@ -74,8 +75,6 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _pretrain_shapes(args: argparse.Namespace) -> None:
-    from dataclasses import fields
-
     from flowrl.config_schema import build_section
     from flowrl.pretrain import PretrainConfig, pretrain
 
@@ -118,15 +117,12 @@ def _rewards_list(args: argparse.Namespace) -> None:
         print(f"{row.name:<{width}}  {row.modality:<8}  {row.source:<10}  {row.weights}")
 
 
-#: the reward server's limits (``rewards.server.Limits``), each a ``--max-...`` flag
-LIMIT_FLAGS = ("max_body_bytes", "max_items", "max_frames", "max_pixels", "max_total_pixels", "max_in_flight")
-
-
 def _reward_server(args: argparse.Namespace) -> None:
     from rewards import build_reward
     from rewards.server import Limits, serve
 
-    limits = Limits(**{key: getattr(args, key) for key in LIMIT_FLAGS if getattr(args, key) is not None})
+    chosen = {limit.name: getattr(args, limit.name) for limit in fields(Limits)}
+    limits = Limits(**{key: value for key, value in chosen.items() if value is not None})
     _working_directory_on_path()
     reward = build_reward(args.reward, **_parse_settings(args.setting))
     serve(args.reward, reward, args.host, args.port, limits, args.docs)
@@ -202,8 +198,17 @@ def _int_at_least(text: str, minimum: int) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every ``flowrl`` subcommand."""
+def server_limit_fields() -> tuple:
+    """The fields of ``rewards.server_limits.Limits``: one flag each, its help from the field."""
+    from rewards.server_limits import Limits
+
+    return fields(Limits)
+
+
+def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of every ``flowrl`` subcommand; ``server_limits=False`` leaves out
+    ``reward-server``'s limit flags, whose definition imports ``rewards`` (and torch: a second)."""
+
     parser = argparse.ArgumentParser(
         prog="flowrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -257,16 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"
     )
     server.add_argument("--port", type=int, default=8700)
-    limits = {
-        "max_body_bytes": "largest request body in bytes (default 64 MiB); larger: HTTP 413",
-        "max_items": "images or videos per request (default 64)",
-        "max_frames": "frames per video (default 128)",
-        "max_pixels": "width x height of one image or frame (default 2048*2048)",
-        "max_total_pixels": "width x height summed over one request (default 32*1024*1024)",
-        "max_in_flight": "requests read, decoded or scored at once; more get HTTP 503 (default 8)",
-    }
-    for key, text in limits.items():
-        server.add_argument(f"--{key.replace('_', '-')}", type=int, help=text)
+    for limit in server_limit_fields() if server_limits else ():
+        server.add_argument(
+            f"--{limit.name.replace('_', '-')}",
+            type=int if limit.type == "int" else float,
+            help=f"{limit.metadata['help']} (default {limit.default})",
+        )
     server.add_argument("--docs", action="store_true", help="serve FastAPI's /docs, /redoc and /openapi.json")
     server.set_defaults(run=_reward_server)
 
@@ -274,8 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
         "pretrain-shapes", help="pretrain a shapes model: flow matching, or MeanFlow (--objective meanflow)"
     )
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")
-    from dataclasses import fields
-
     from flowrl.pretrain_config import PretrainConfig  # a leaf module: its fields are the flags
 
     for f in fields(PretrainConfig):
@@ -320,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["demo"]:  # the app parses its own arguments, --help included
         return _demo(argparse.Namespace(arguments=argv[1:]))
-    args = build_parser().parse_args(argv)
+    args = build_parser(server_limits=argv[:1] == ["reward-server"]).parse_args(argv)
     from flowrl.checkpoint import CheckpointError
     from rewards import RewardError
 

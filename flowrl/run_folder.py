@@ -33,6 +33,8 @@ def claim_output_dir(output_dir: Path, resume: str | None) -> IO[str]:
     would mix with its own; checked under the lock, so two runs started at once cannot both pass). Returns
     the lock file, open: the run holds the folder until it closes it (or its process ends)."""
     name = f"logging.output_dir={str(output_dir)!r}"
+    if resume and resume != "latest" and not Path(resume).is_dir():
+        raise ConfigError(f"resume={resume!r}: no such checkpoint directory; name one, or resume=latest")
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"{name} is a file, not a folder; choose a folder for the run")
     try:

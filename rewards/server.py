@@ -2,98 +2,91 @@
 
     flowrl reward-server --reward clip_score --port 8700 --setting model_name=ViT-B-32
 
-Built on FastAPI and uvicorn. ``/score`` reads the body itself, counting
-bytes, then parses, validates and decodes it in a worker thread, so the event
-loop keeps answering ``/health`` while a batch is scored; a lock scores
-requests one at a time (the reward's models need not be thread-safe) and is
-held around the reward call only. Answers:
+Built on FastAPI and uvicorn (with :mod:`rewards.server_protocol`'s header deadline and connection cap).
+``/score`` reads the body itself, counting bytes against the request's and the server's limits and a
+deadline, then parses, validates and decodes it in a worker thread, so the event loop keeps answering
+``/health`` while a batch is scored. A request takes a slot (``max_in_flight``) only once its body has
+arrived, so slow senders hold no slot; at most ``max_decoded`` requests hold decoded media; a lock scores
+requests one at a time (the reward's models need not be thread-safe). Answers:
 
   - 400: the request is malformed (not JSON, wrong types, lengths that
     differ, media that are not PNG) or carries the wrong modality; the
     reward is never called;
+  - 408: the body did not arrive within ``body_timeout_s``;
   - 413: the request is over one of the :class:`Limits` (checked on the
     Content-Length header, on the bytes as they arrive, then on the PNG
     headers, before any pixel is decoded);
   - 422: the reward broke its contract (NaN, wrong shape), the same
     boundary check as in-process scoring, or raised a ``RewardError``;
   - 500: the reward raised anything else; retrying cannot help;
-  - 503: the reward ran out of memory, or ``max_in_flight`` requests are
-    already in progress; the client may retry.
+  - 503: the reward ran out of memory, ``max_in_flight`` requests are in
+    progress or ``max_buffered_bytes`` of bodies are held; the client may retry.
 
 Error messages are at most a few hundred characters and never echo the
 request. FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are off unless
-``docs=True``.
+``docs=True``. Memory is bounded by :func:`rewards.server_limits.memory_bound`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from fastapi import FastAPI, HTTPException, Request
+import uvicorn
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from PIL import Image
-from pydantic import BaseModel, StrictStr, ValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewards.base import RewardError, checked_scores, modality_of
-from rewards.remote import PROTOCOL_VERSION, image_tensor, open_png
+from rewards.remote import PROTOCOL_VERSION
+from rewards.server_limits import Limits
+from rewards.server_media import ScoreRequest, decode_items, media_items, media_size, refuse
+from rewards.server_protocol import raise_open_file_limit, server_config
 
-#: Longest error message the server sends.
-MAX_MESSAGE = 300
+__all__ = ["Limits", "create_app", "serve"]
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What the server accepts; a request over a size limit is answered 413 before it is decoded.
-
-    The defaults take the client's default batch (32 items) of images up to
-    720x720, 16 at 1024x1024, or one or two 480x832 videos of 33 to 81 frames,
-    and bound one request's decoded media to 384 MiB of float32 (3 GiB for
-    the 8 requests of ``max_in_flight`` together, plus their bodies).
-    """
-
-    #: bytes of one request body (JSON with base64 PNGs): 64 MiB
-    max_body_bytes: int = 64 * 2**20
-    #: items (images or videos) in one request
-    max_items: int = 64
-    #: frames in one video
-    max_frames: int = 128
-    #: width x height of one image or frame: 2048 x 2048
-    max_pixels: int = 2048 * 2048
-    #: width x height summed over every image and frame of one request: 32 x 1024 x 1024
-    max_total_pixels: int = 32 * 2**20
-    #: requests being read, decoded or scored at once; more are answered 503 (busy), to retry
-    max_in_flight: int = 8
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Limits.{field.name}={value!r}; allowed: an integer >= 1")
+#: the bytes of a body that open a JSON value or separate two (``max_json_values`` counts them)
+JSON_STRUCTURE = (b",", b":", b"[", b"{")
 
 
-class ScoreRequest(BaseModel):
-    """The body of ``POST /score`` (``rewards.remote`` protocol); ``metadata`` defaults to ``{}`` per item."""
+class BodyPool:
+    """Bytes of request bodies held at once, against ``max_buffered_bytes``: a body counts from its first
+    byte until its answer is sent (parsed, its strings take the place of its bytes). Used on the event
+    loop only, so it needs no lock."""
 
-    prompts: list[StrictStr]
-    metadata: list[dict[str, Any]] | None = None
-    images: list[StrictStr] | None = None
-    videos: list[list[StrictStr]] | None = None
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise refuse(503, f"busy: max_buffered_bytes={self.limit} of request bodies held; retry later")
+        self.held += size
 
 
-def shorten(message: str) -> str:
-    """``message`` cut to ``MAX_MESSAGE`` characters."""
-    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+class Body:
+    """One request's body as it arrives, counted in its server's :class:`BodyPool` until released."""
 
+    def __init__(self, pool: BodyPool) -> None:
+        self.pool, self.data, self.counted = pool, bytearray(), 0
 
-def refuse(status: int, message: str) -> HTTPException:
-    """The HTTP error to raise, its message clipped."""
-    return HTTPException(status_code=status, detail=shorten(message))
+    def add(self, chunk: bytes) -> None:
+        self.pool.take(len(chunk))
+        self.counted += len(chunk)
+        self.data += chunk
+
+    def take_data(self) -> bytearray:
+        """The bytes, handed over (to be parsed and freed); they stay counted until :meth:`release`."""
+        data, self.data = self.data, bytearray()
+        return data
+
+    def release(self) -> None:
+        self.pool.held -= self.counted
+        self.counted = 0
 
 
 def validation_message(error: ValidationError) -> str:
@@ -106,96 +99,40 @@ def validation_message(error: ValidationError) -> str:
     return "bad request: " + "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytearray:
-    """The request body, or 413 as soon as its declared or received size is over ``max_bytes``."""
+async def read_body(request: Request, limits: Limits, body: Body) -> None:
+    """Read the request's body into ``body``: 413 as soon as its declared or received size is over
+    ``max_body_bytes``, 503 when the server holds ``max_buffered_bytes`` of bodies, 408 when it has not
+    all arrived ``body_timeout_s`` after its headers."""
     declared = request.headers.get("content-length")
-    if declared is not None and int(declared) > max_bytes:
-        raise refuse(413, f"body of {declared} bytes is over this server's max_body_bytes={max_bytes}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise refuse(413, f"body is over this server's max_body_bytes={max_bytes}")
-    return body
+    if declared is not None and int(declared) > limits.max_body_bytes:
+        raise refuse(
+            413, f"body of {declared} bytes is over this server's max_body_bytes={limits.max_body_bytes}"
+        )
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                if len(body.data) + len(chunk) > limits.max_body_bytes:
+                    raise refuse(413, f"body is over this server's max_body_bytes={limits.max_body_bytes}")
+                body.add(chunk)
+    except TimeoutError as error:
+        raise refuse(
+            408, f"body not received within this server's body_timeout_s={limits.body_timeout_s:g}"
+        ) from error
 
 
-def parse_request(raw: bytes | bytearray) -> ScoreRequest:
-    """The validated request, or 400 naming what is wrong."""
+def parse_request(raw: bytearray, limits: Limits) -> ScoreRequest:
+    """The validated request: 413 if it holds more than ``max_json_values`` values (counted on the raw
+    bytes before parsing), 400 naming what is wrong if it is malformed."""
+    values = sum(raw.count(mark) for mark in JSON_STRUCTURE)
+    if values > limits.max_json_values:
+        raise refuse(
+            413,
+            f"{values} commas, colons and opening brackets; this server's max_json_values={limits.max_json_values}",
+        )
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as error:
         raise refuse(400, validation_message(error)) from error
-
-
-def media_items(request: ScoreRequest, name: str, modality: str, limits: Limits) -> list[list[str]]:
-    """Each item's frames (one per image), after checking modality, lengths, items and frames."""
-    if (request.images is None) == (request.videos is None):
-        raise refuse(400, "bad request: needs exactly one of 'images' or 'videos'")
-    sent = "image" if request.images is not None else "video"
-    if sent != modality:
-        raise refuse(400, f"reward {name!r} takes {modality} media, got {sent}")
-    items = [[image] for image in request.images] if request.images is not None else request.videos
-    metadata = len(items) if request.metadata is None else len(request.metadata)
-    if not items or not len(request.prompts) == metadata == len(items):
-        raise refuse(
-            400, f"{len(items)} media, {len(request.prompts)} prompts and {metadata} metadata entries"
-        )
-    if len(items) > limits.max_items:
-        raise refuse(413, f"{len(items)} items; this server's max_items={limits.max_items}")
-    frames = sorted({len(item) for item in items})
-    if frames[0] == 0 or len(frames) > 1:
-        raise refuse(400, f"videos need one number of frames >= 1; got {frames[:5]}")
-    if frames[0] > limits.max_frames:
-        raise refuse(413, f"{frames[0]} frames per video; this server's max_frames={limits.max_frames}")
-    return items
-
-
-def location(modality: str, item: int, frame: int) -> str:
-    """Where a PNG sits in the request, e.g. ``images[3]`` or ``videos[1][4]``."""
-    return f"images[{item}]" if modality == "image" else f"videos[{item}][{frame}]"
-
-
-def open_item(data: str, where: str, limits: Limits) -> Image.Image:
-    """One PNG opened lazily (header only), or 400 if it is not one, 413 if it has too many pixels."""
-    try:
-        image = open_png(data)
-    except Image.DecompressionBombError as error:  # Pillow's own, higher limit
-        raise refuse(413, f"{where} is over this server's max_pixels={limits.max_pixels}: {error}") from error
-    except Exception as error:
-        raise refuse(400, f"{where} is not a base64 PNG: {type(error).__name__}: {error}") from error
-    width, height = image.size
-    if width * height > limits.max_pixels:
-        image.close()
-        raise refuse(413, f"{where} is {width}x{height} pixels; this server's max_pixels={limits.max_pixels}")
-    return image
-
-
-def decode_items(items: list[list[str]], modality: str, limits: Limits) -> torch.Tensor:
-    """``[B, 3, H, W]`` or ``[B, T, 3, H, W]``; every PNG header is checked before any pixel is decoded."""
-    opened: list[Image.Image] = []
-    try:
-        for i, item in enumerate(items):
-            opened += [open_item(data, location(modality, i, t), limits) for t, data in enumerate(item)]
-        sizes = sorted({image.size for image in opened})
-        if len(sizes) > 1:
-            raise refuse(400, f"media need one size; got (width, height) {sizes[:5]}")
-        (width, height), frames = sizes[0], len(items[0])
-        total = len(items) * frames * width * height
-        if total > limits.max_total_pixels:
-            raise refuse(
-                413, f"{total} pixels in all; this server's max_total_pixels={limits.max_total_pixels}"
-            )
-        media = torch.empty(len(items) * frames, 3, height, width)
-        for index, image in enumerate(opened):
-            try:
-                media[index] = image_tensor(image)
-            except Exception as error:
-                where = location(modality, *divmod(index, frames))
-                raise refuse(400, f"{where} cannot be decoded: {type(error).__name__}: {error}") from error
-    finally:
-        for image in opened:
-            image.close()
-    return media if modality == "image" else media.view(len(items), frames, 3, height, width)
 
 
 def is_out_of_memory(error: Exception) -> bool:
@@ -243,12 +180,17 @@ def create_app(
     modality = modality_of(reward)
     lock = threading.Lock()
     slots = threading.BoundedSemaphore(limits.max_in_flight)
+    decoded = threading.BoundedSemaphore(limits.max_decoded)
+    pool = BodyPool(limits.max_buffered_bytes)
 
-    def score_raw(raw: bytearray) -> dict[str, Any]:
-        request = parse_request(raw)
-        media = decode_items(media_items(request, name, modality, limits), modality, limits)
+    def score_body(body: Body) -> dict[str, Any]:
+        request = parse_request(body.take_data(), limits)
+        items = media_items(request, name, modality, limits)
+        size = media_size(items, modality, limits)
         metadata = request.metadata if request.metadata is not None else [{} for _ in request.prompts]
-        return {"scores": run_reward(name, reward, lock, media, request.prompts, metadata)}
+        with decoded:
+            media = decode_items(items, modality, size)
+            return {"scores": run_reward(name, reward, lock, media, request.prompts, metadata)}
 
     @app.exception_handler(StarletteHTTPException)
     async def error_body(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -262,13 +204,19 @@ def create_app(
 
     @app.post("/score", openapi_extra={"requestBody": request_schema})
     async def score_batch(request: Request) -> dict[str, Any]:
-        if not slots.acquire(blocking=False):
-            raise refuse(503, f"busy: max_in_flight={limits.max_in_flight} requests in progress; retry later")
+        body = Body(pool)
         try:
-            raw = await read_body(request, limits.max_body_bytes)
-            return await run_in_threadpool(score_raw, raw)
+            await read_body(request, limits, body)
+            if not slots.acquire(blocking=False):
+                raise refuse(
+                    503, f"busy: max_in_flight={limits.max_in_flight} requests in progress; retry later"
+                )
+            try:
+                return await run_in_threadpool(score_body, body)
+            finally:
+                slots.release()
         finally:
-            slots.release()
+            body.release()
 
     return app
 
@@ -282,6 +230,7 @@ def serve(
     docs: bool = False,
 ) -> None:
     """Run the server until interrupted (binds to loopback unless ``host`` says otherwise)."""
-    import uvicorn
-
-    uvicorn.run(create_app(name, reward, limits, docs), host=host, port=port, log_level="info")
+    limits = limits or Limits()
+    raise_open_file_limit(limits.max_connections)
+    app = create_app(name, reward, limits, docs)
+    uvicorn.Server(server_config(app, limits, host=host, port=port, log_level="info")).run()

@@ -4,7 +4,7 @@ long run meets, each end to end in real processes, with a table of what happened
     python scripts/fault_drill.py                    # every scenario (about 5 minutes on 2 CPU cores)
     python scripts/fault_drill.py --only kill corrupt
 
-Scenarios (each compared with one uninterrupted reference run of the same config):
+Scenarios (the training ones compared with one uninterrupted reference run of the same config):
   kill       ``kill -9`` at random moments (several trials); ``resume=latest`` until the run completes;
              the final weights and every step's reward must equal the reference's bit for bit
   sigint     Ctrl-C: exit status 130 with a resume hint; resuming completes identically
@@ -22,6 +22,10 @@ Scenarios (each compared with one uninterrupted reference run of the same config
              what was wrong, before any model loads or any run file is written
   requests   malformed and oversized requests to ``flowrl reward-server``: each must be a quick 4xx that
              does not echo its input, and the server must stay healthy
+  load       ``flowrl reward-server`` under 1,500 idle connections and 8 slow bodies (``/health`` within
+             1 s), and amplifying requests (peak memory within the documented bound): ``drill_load.py``
+  demo       the demo app over a runs folder holding symlinks out, an outside ``model.name``, a ``remote``
+             reward (SSRF), an alias bomb, a huge architecture and broken folders: ``drill_demo.py``
   folder     two runs started into one folder at once: one trains (identically to the reference), the
              other is refused in one line; ``resume=latest`` into a live run is refused and the live run
              completes identically
@@ -54,6 +58,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from drill_demo import demo_scenario  # noqa: E402
+from drill_load import load_scenario  # noqa: E402
 
 from flowrl.checkpoint import list_checkpoints, read_checkpoint  # noqa: E402
 from flowrl.run_folder import RUN_FILES  # noqa: E402
@@ -733,7 +740,19 @@ def print_table(outcomes: list[Outcome]) -> None:
     print(f"\n{sum(o.ok for o in outcomes)} of {len(outcomes)} faults survived as intended")
 
 
-SCENARIOS = ("configs", "requests", "folder", "kill", "sigint", "corrupt", "disk_full", "server", "nan")
+SCENARIOS = (
+    "configs",
+    "requests",
+    "load",
+    "demo",
+    "folder",
+    "kill",
+    "sigint",
+    "corrupt",
+    "disk_full",
+    "server",
+    "nan",
+)
 
 
 def main() -> int:
@@ -751,21 +770,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="flowrl-drill-") as scratch:
         work = Path(scratch)
         reference = work / "reference"
-        start_time = time.perf_counter()
-        result = run(reference)
-        if result.returncode:
-            raise SystemExit(f"the reference run failed: {result.stderr[-1000:]}")
-        duration = time.perf_counter() - start_time
-        print(f"reference run: {STEPS} steps in {duration:.0f} s", flush=True)
+        duration = [0.0]
+
+        def with_reference(scenario: Callable[[], list[Outcome]]) -> Callable[[], list[Outcome]]:
+            """``scenario`` after the uninterrupted reference run (made once, by the first that needs it)."""
+
+            def run_it() -> list[Outcome]:
+                if not reference.exists():
+                    start_time = time.perf_counter()
+                    result = run(reference)
+                    if result.returncode:
+                        raise SystemExit(f"the reference run failed: {result.stderr[-1000:]}")
+                    duration[0] = time.perf_counter() - start_time
+                    print(f"reference run: {STEPS} steps in {duration[0]:.0f} s", flush=True)
+                return scenario()
+
+            return run_it
+
         outcomes: list[Outcome] = []
         runners = {
             "configs": lambda: configs_scenario(work),
             "requests": lambda: requests_scenario(work),
-            "folder": lambda: folder_scenario(work, reference),
-            "kill": lambda: kill_scenario(work, reference, args.seed, duration),
-            "sigint": lambda: sigint_scenario(work, reference),
-            "corrupt": lambda: corrupt_scenario(work, reference),
-            "disk_full": lambda: disk_full_scenario(work, reference),
+            "load": lambda: [Outcome("load", *result) for result in load_scenario()],
+            "demo": lambda: [Outcome("demo", *result) for result in demo_scenario(work)],
+            "folder": with_reference(lambda: folder_scenario(work, reference)),
+            "kill": with_reference(lambda: kill_scenario(work, reference, args.seed, duration[0])),
+            "sigint": with_reference(lambda: sigint_scenario(work, reference)),
+            "corrupt": with_reference(lambda: corrupt_scenario(work, reference)),
+            "disk_full": with_reference(lambda: disk_full_scenario(work, reference)),
             "server": lambda: server_scenario(work, down_seconds=5.0),
             "nan": lambda: nan_scenario(work),
         }

@@ -201,3 +201,37 @@ def test_the_http_api_loads_only_offered_runs_and_runs_no_run_code(tmp_path, tin
     finally:
         demo.close()
     assert not marker.exists()
+
+
+def test_the_server_answers_only_its_own_page_and_caps_request_bodies(tmp_path, tiny_model, tiny_model_dir):
+    """Issue 32, item 10: another site's request (by its Origin, or a DNS-rebinding page by its Host) is
+    refused before Gradio queues anything, and a body over the app's cap is refused."""
+    root = tmp_path / "runs"
+    run = make_run(root / "run", tiny_model_dir, tiny_model)
+    demo = launch(None, str(tiny_model_dir), root, port=_free_port(), block=False, allowed_hosts=["demo.lan"])
+    try:
+        url = demo.local_url
+        port = url.rstrip("/").rsplit(":", 1)[1]
+        settings = [PROMPT, 0, 1, 1, "euler", 1.0, 1.0, str(tiny_model_dir), str(run)]
+        call = f"{url}gradio_api/call/generate"
+        assert httpx.get(url, timeout=30).status_code == 200
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"},  # rebinding
+        ):
+            refused = httpx.post(call, json={"data": settings}, headers=headers, timeout=30)
+            assert refused.status_code == 403 and "--allowed-host" in refused.text
+        assert httpx.get(url, headers={"Host": f"evil.example:{port}"}, timeout=30).status_code == 403
+        for host, origin in ((f"demo.lan:{port}", f"http://demo.lan:{port}"), (f"localhost:{port}", url)):
+            answer = httpx.post(
+                call, json={"data": settings}, headers={"Host": host, "Origin": origin}, timeout=30
+            )
+            assert answer.status_code == 200, (host, origin)
+        too_big = httpx.post(
+            f"{url}gradio_api/upload", files={"files": ("big.bin", b"\0" * (2 * 2**20))}, timeout=30
+        )
+        assert too_big.status_code == 413
+        assert _call(url, "generate", *settings)[0] == "complete"
+    finally:
+        demo.close()

@@ -86,7 +86,7 @@ def test_bad_run_folders_are_listed_with_their_reason_and_the_good_ones_still_se
     assert find_runs(catalog.root) == [run]
     reasons = dict(left_out_runs(catalog.root))
     assert "aliases (*name) are not allowed" in reasons["bomb"]
-    assert reasons["broken"].startswith("model/config.json is not a JSON object")
+    assert reasons["broken"].startswith("model/config.json is not a JSON model config")
     assert reasons["dangling"] == "a file in it leads outside the runs folder"
     assert all("\n" not in reason for reason in reasons.values())
     assert compare(PROMPT, 0, 1, 1, "euler", 1.0, 1.0, catalog.base, str(run), catalog=catalog).seeds == [0]

@@ -107,3 +107,10 @@ def test_resume_refuses_a_prompts_file_or_model_directory_changed_at_the_same_pa
     shutil.copytree(tiny_model_dir, model)
     summary = Trainer(tiny_config(model, output, *inputs, "training.steps=2", "resume=latest")).train()
     assert summary["steps"] == 2
+
+
+def test_resume_from_a_missing_checkpoint_is_refused_before_the_folder_exists(tmp_path, tiny_model_dir):
+    output = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"resume='/nonexistent/step_000001': no such checkpoint directory"):
+        Trainer(tiny_config(tiny_model_dir, output, "training.steps=1", "resume=/nonexistent/step_000001"))
+    assert not output.exists()
