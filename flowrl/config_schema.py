@@ -30,13 +30,14 @@ def at_least(minimum: float, strict: bool = False) -> dict[str, Any]:
     return {"min": minimum, "strict": strict}
 
 
-def build_section(cls: type, data: Any, prefix: str) -> Any:
-    """Check a raw mapping against the dataclass ``cls`` and build it; errors name ``prefix + key``."""
+def build_section(cls: type, data: Any, prefix: str, **given: Any) -> Any:
+    """Check a raw mapping against the dataclass ``cls`` and build it; errors name ``prefix + key``.
+    ``given`` are fields already built (e.g. the ``model`` and ``algorithm`` sections), not read from ``data``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
+    unknown = sorted(set(data) - (set(known) - set(given)))
     if unknown:
         raise ConfigError(
             f"unknown config key {prefix}{unknown[0]}; allowed under {prefix.rstrip('.') or 'the top level'}: "
@@ -50,7 +51,7 @@ def build_section(cls: type, data: Any, prefix: str) -> Any:
             values[name] = build_section(kind, value, f"{key}.")
         else:
             values[name] = _check_value(key, value, kind, known[name].metadata)
-    return cls(**values)
+    return cls(**values, **given)
 
 
 def _check_value(key: str, value: Any, kind: Any, rules: typing.Mapping[str, Any]) -> Any:

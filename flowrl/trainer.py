@@ -55,7 +55,7 @@ from flowrl.checkpoint import (
     resumable_checkpoint,
     write_checkpoint,
 )
-from flowrl.config import ConfigError, TrainConfig
+from flowrl.config_schema import ConfigError
 from flowrl.evaluation import evaluate, write_evaluation
 from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
@@ -69,6 +69,7 @@ from flowrl.run_folder import (
     non_finite_tensors,
 )
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
+from flowrl.train_config import TrainConfig
 from flowrl.worlds import World, get_world
 from rewards import AsyncScorer, MultiReward, SkippedBatch
 from samplers import select_rows

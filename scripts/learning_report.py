@@ -22,7 +22,7 @@ import torch
 from learning_plots import plot_held_out, plot_tasks, plot_training_curve, prefix_of
 
 if TYPE_CHECKING:
-    from bench_learning import Recipe, Suite
+    from bench_suite import Recipe, Suite
 
 #: per-step training curves of a run: name in the report -> ``metrics.jsonl`` key
 TRAINING_CURVES = {"reward_curve": "reward/mean", "reference_mse_curve": "nft/reference_mse"}

@@ -12,7 +12,7 @@ import yaml
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-from bench_learning import SUITES, Suite, resolve  # noqa: E402
+from bench_suite import SUITES, Suite, resolve  # noqa: E402
 from learning_report import first_crossing  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -2,8 +2,9 @@
 
 - ``rewards`` and ``samplers`` never import ``flowrl``; samplers depend on torch only;
 - the world specification (``rewards/world_spec.py``) is a leaf: standard library only;
-- no import cycle among the project's modules (module-level imports; imports inside functions are
-  deliberate late imports and ``if TYPE_CHECKING:`` blocks are for type hints only);
+- no import cycle among the project's modules and scripts, type-only imports (``if TYPE_CHECKING:``)
+  included: a circle of type hints is a design tie all the same (imports inside functions are
+  deliberate late imports, and are not counted);
 - no source file over ``MAX_LINES`` lines unless its docstring says why ("Longer than ...").
 """
 
@@ -36,21 +37,33 @@ def _source_files() -> list[Path]:
     return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
 
 
+def _script_files() -> dict[str, Path]:
+    """``scripts/*.py`` by module name ``scripts.<stem>`` (they import each other by bare name)."""
+    return {f"scripts.{path.stem}": path for path in sorted((ROOT / "scripts").glob("*.py"))}
+
+
 def _module_level_imports(path: Path, known: set[str]) -> set[str]:
-    """Project modules ``path`` imports when it is imported (top level and plain ``if``/``try`` blocks,
-    not functions, classes or ``if TYPE_CHECKING:``). ``from a import b`` counts ``a.b`` when that is a module."""
+    """Project modules ``path`` imports when it is imported or type-checked (top level, ``if`` blocks,
+    ``if TYPE_CHECKING:`` included, and ``try`` blocks; not functions or classes). ``from a import b``
+    counts ``a.b`` when that is a module; in ``scripts/``, ``import x`` of a sibling counts ``scripts.x``."""
     found: set[str] = set()
+    sibling = "scripts." if path.parent == ROOT / "scripts" else None
+
+    def add(name: str) -> None:
+        found.add(name)
+        if sibling:
+            found.add(sibling + name)
 
     def visit(statements: list[ast.stmt]) -> None:
         for node in statements:
             if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
+                for alias in node.names:
+                    add(alias.name)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module)
+                add(node.module)
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.If):
-                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
-                    visit(node.body)
+                visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
                 visit(node.body)
@@ -80,7 +93,7 @@ def test_the_world_specification_is_a_leaf():
 
 
 def test_there_is_no_import_cycle():
-    files = {_module_name(path): path for path in _source_files()}
+    files = {**{_module_name(path): path for path in _source_files()}, **_script_files()}
     graph = {name: _module_level_imports(path, set(files)) - {name} for name, path in files.items()}
     # a package imports its own __init__ first, so a module importing its package is no edge back
     graph = {name: {dep for dep in deps if not name.startswith(dep + ".")} for name, deps in graph.items()}
@@ -111,9 +124,25 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from flowrl.b import x\n")
     (package / "b.py").write_text("import flowrl.a\nx = 1\n")
+    (tmp_path / "scripts").mkdir()
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     monkeypatch.setattr(__import__(__name__), "PACKAGES", ("flowrl",))
+    with pytest.raises(AssertionError, match="import cycle: flowrl.a -> flowrl.b -> flowrl.a"):
+        test_there_is_no_import_cycle()
+    # a type-only import closes a circle too
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import flowrl.a\nx = 1\n"
+    )
     with pytest.raises(AssertionError, match="import cycle"):
+        test_there_is_no_import_cycle()
+    # and so do two scripts importing each other by bare name
+    (package / "b.py").write_text("x = 1\n")
+    test_there_is_no_import_cycle()
+    (tmp_path / "scripts" / "report.py").write_text("import bench\n")
+    (tmp_path / "scripts" / "bench.py").write_text("from report import write\n")
+    with pytest.raises(
+        AssertionError, match="import cycle: scripts.bench -> scripts.report -> scripts.bench"
+    ):
         test_there_is_no_import_cycle()
 
 

@@ -12,14 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flowrl.algorithms.base import (
-    Algorithm,
-    AlgorithmConfig,
-    RolloutChunk,
-    StepEnd,
-    TrainBatch,
-    TrainRows,
-)
+from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, TrainRows
 from flowrl.algorithms.branch_grpo import BranchGRPO
 from flowrl.algorithms.crd import CRD
 from flowrl.algorithms.crd_config import CRDConfig
@@ -32,9 +25,10 @@ from flowrl.algorithms.nft_config import NFTConfig
 from flowrl.algorithms.raft import RAFT
 from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.config_schema import ConfigError
+from flowrl.train_config import AlgorithmConfig
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -32,31 +32,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowrl.advantages import RewardBatch, reward_advantages
-from flowrl.config_schema import ConfigError, at_least, choice
+from flowrl.config_schema import ConfigError
+from flowrl.train_config import TrainConfig
 from samplers import VelocityFn
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
-
-
-@dataclass
-class AlgorithmConfig:
-    """The keys every algorithm has (the ``algorithm`` section); each algorithm's config adds its own.
-
-    ``name`` picks the algorithm (and with it the config class) from the
-    registry of :mod:`flowrl.algorithms`; a key the chosen algorithm does not
-    have is a config error.
-    """
-
-    name: str = "nft"
-    #: advantages are clipped to ``[-advantage_clip, advantage_clip]``
-    advantage_clip: float = field(default=5.0, metadata=at_least(0.0, strict=True))
-    #: group advantages ``(R - mean_group R) / (std + eps)`` take the std over the whole batch or per group
-    std_scope: str = field(default="batch", metadata=choice("batch", "group"))
-
-    def check(self, config: TrainConfig) -> None:
-        """Rules that involve other sections (sampler steps, group sizes); raise ``ConfigError``."""
 
 
 @dataclass

@@ -37,8 +37,8 @@ from flowrl.algorithms.grpo_config import BranchGRPOConfig
 from samplers import TreeRollout, VelocityFn, select_rows, sliding_window, stochastic_steps, tree_sample
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 #: the reference's depth-wise normalisation: std + 1e-8, and zero advantages below a std of 1e-6
 SAMPLE_STD_EPS, ZERO_STD = 1e-8, 1e-6

@@ -84,8 +84,8 @@ from flowrl.algorithms.nft import (
 from flowrl.policy import OLD, REFERENCE, ROLLOUT
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 
 def velocity_error(

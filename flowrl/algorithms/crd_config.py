@@ -10,7 +10,7 @@ from flowrl.algorithms.nft_config import NFTConfig
 from flowrl.config_schema import ConfigError, at_least, choice
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass

@@ -21,8 +21,8 @@ from flowrl.algorithms.grpo_config import FlowGRPOConfig
 from samplers import VelocityFn, sde_sample, stochastic_steps
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 
 class FlowGRPO(GRPOAlgorithm):

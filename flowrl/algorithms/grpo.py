@@ -33,8 +33,8 @@ from flowrl.policy import OLD, REFERENCE
 from samplers import SDEStep, VelocityFn, broadcast_rows, concat_rows, sliding_window, transition_log_prob
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 
 def grpo_clip_loss(

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flowrl.algorithms.base import AlgorithmConfig
 from flowrl.config_schema import ConfigError, at_least, choice
+from flowrl.train_config import AlgorithmConfig
 
 SDE_VARIANTS = ("flow", "dance", "cps", "cps_gaussian")
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass

@@ -54,8 +54,8 @@ from flowrl.algorithms.nft import DiffusionNFT, nft_loss, noised_samples, optima
 from samplers import VelocityFn, induced_velocity, interval_pairs, meanflow_sample
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 
 def interval_starts(

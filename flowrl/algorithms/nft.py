@@ -37,8 +37,8 @@ from flowrl.policy import OLD
 from samplers import ODE_SOLVERS, VelocityFn
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 ADAPTIVE_WEIGHT_MIN = 1e-5
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flowrl.algorithms.base import AlgorithmConfig
 from flowrl.config_schema import ConfigError, at_least, choice
+from flowrl.train_config import AlgorithmConfig
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass

@@ -31,8 +31,8 @@ from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.policy import ROLLOUT
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
     from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 
 def best_of_groups(rewards: torch.Tensor, group_size: int, keep: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.models.wan import WanModel, WanModelConfig
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 class FlowModel(Protocol):

@@ -39,7 +39,7 @@ from flowrl.models.noise import seeded_noise
 from flowrl.weight_copies import AdapterCopies, ModuleCopies
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass

@@ -27,7 +27,7 @@ from flowrl.weight_copies import ModuleCopies
 from samplers import timesteps
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_MODELS = {

@@ -27,7 +27,7 @@ from flowrl.config_schema import ConfigError, at_least
 from flowrl.models.diffusers_model import DiffusersFlowModel, DiffusersModelConfig
 
 if TYPE_CHECKING:
-    from flowrl.config import TrainConfig
+    from flowrl.train_config import TrainConfig
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""The run's config schema: the shared sections and :class:`TrainConfig`, with every field's rule and help.
+
+A leaf module: it imports no registry (algorithms, backends) and nothing that imports this module back,
+so that algorithm and backend modules can name :class:`TrainConfig` in their hooks without an import
+circle. The ``model`` and ``algorithm`` sections are the chosen backend's and algorithm's own dataclasses
+(registered in :mod:`flowrl.models` and :mod:`flowrl.algorithms`); :func:`flowrl.config.build_config`
+fills them. Loading (YAML, ``defaults``, overrides) and the checks that need the registries or other
+files are :mod:`flowrl.config`'s.
+
+A field's help text is the ``#:`` comment above it (:mod:`flowrl.config_help`; ``flowrl config`` prints
+it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrl.config_schema import ConfigError
+from flowrl.config_schema import at_least as _at_least
+from flowrl.config_schema import choice as _choice
+from flowrl.learning_rate import LR_SCHEDULES
+
+__all__ = [
+    "AlgorithmConfig",
+    "DataConfig",
+    "EvaluationConfig",
+    "LoggingConfig",
+    "SamplerConfig",
+    "TrainConfig",
+    "TrainingConfig",
+    "WORLD_OF_PROMPTS",
+]
+
+
+@dataclass
+class AlgorithmConfig:
+    """The keys every algorithm has (the ``algorithm`` section); each algorithm's config adds its own.
+
+    ``name`` picks the algorithm (and with it the config class) from the
+    registry of :mod:`flowrl.algorithms`; a key the chosen algorithm does not
+    have is a config error.
+    """
+
+    #: the algorithm (a name registered in flowrl.algorithms): nft, meanflow_nft, crd, flow_grpo,
+    #: branch_grpo, raft
+    name: str = "nft"
+    #: advantages are clipped to ``[-advantage_clip, advantage_clip]``
+    advantage_clip: float = field(default=5.0, metadata=_at_least(0.0, strict=True))
+    #: group advantages ``(R - mean_group R) / (std + eps)`` take the std over the whole batch or per group
+    std_scope: str = field(default="batch", metadata=_choice("batch", "group"))
+
+    def check(self, config: TrainConfig) -> None:
+        """Rules that involve other sections (sampler steps, group sizes); raise ``ConfigError``."""
+
+
+@dataclass
+class SamplerConfig:
+    """Rollouts: an ODE solver of ``samplers`` on a (shifted) time grid, CFG-free by default."""
+
+    solver: str = field(default="euler", metadata=_choice("euler", "heun", "dpm2m"))
+    num_steps: int = field(default=10, metadata=_at_least(1))
+    #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)`` on ``linspace(1, 0, S + 1)``; None = the model's own
+    #: default grid (a diffusers model's: exactly its scheduler's sigmas for S steps; shapes: unshifted)
+    time_shift: float | None = field(default=None, metadata=_at_least(0.0, strict=True))
+    guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
+    #: the prompt CFG guides away from (the unconditional branch of every guided velocity: rollouts,
+    #: GRPO's guided training, CRD's anchor); "" = the empty prompt. Diffusers backends only: the shapes
+    #: models were trained to drop their prompt to "" alone.
+    negative_prompt: str = ""
+
+
+@dataclass
+class TrainingConfig:
+    """Global batch sizes and optimisation. Images per step = ``prompts_per_step * group_size``."""
+
+    steps: int = field(default=100, metadata=_at_least(1))
+    prompts_per_step: int = field(default=8, metadata=_at_least(1))
+    group_size: int = field(default=8, metadata=_at_least(2))
+    micro_batch_size: int = field(default=32, metadata=_at_least(1))
+    #: optimizer updates per rollout batch; each takes the same share of every process's (timestep x
+    #: micro-batch) units, so with more than one the samples that share an update depend on the number
+    #: of processes (same data and sizes, not bit-identical across process counts)
+    updates_per_step: int = field(default=1, metadata=_at_least(1))
+    learning_rate: float = field(default=3e-4, metadata=_at_least(0.0, strict=True))
+    #: optimizer steps of linear warm-up
+    warmup_steps: int = field(default=0, metadata=_at_least(0))
+    #: after warm-up: "constant", or "cosine" decay to ``min_learning_rate_ratio`` of the peak at the last
+    #: optimizer step (``steps * updates_per_step``)
+    lr_schedule: str = field(default="constant", metadata=_choice(*LR_SCHEDULES))
+    min_learning_rate_ratio: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
+    weight_decay: float = field(default=0.0, metadata=_at_least(0.0))
+    adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+    grad_clip: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    ema_decay: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    seed: int = field(default=0, metadata=_at_least(0))
+    threads: int = field(default=0, metadata=_at_least(0))
+    #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
+    #: ``on_error: skip_batch`` reward failed) before the run stops with an error
+    max_consecutive_skips: int = field(default=5, metadata=_at_least(1))
+
+
+@dataclass
+class DataConfig:
+    """Training prompts: ``shapes-train`` or ``video-shapes-train`` (the shipped splits of the shapes
+    and moving-shapes worlds) or a ``.jsonl``/``.txt`` file.
+
+    ``sampling``: "uniform" draws every prompt equally often; "balanced" gives
+    every ``tag`` (task) the same share of draws, as a per-task average score
+    such as GenEval's weighs them (the shapes train split is 74% colour
+    attribution prompts and 1% single-object prompts).
+
+    ``task_weights`` (with "balanced"): relative shares per tag, 1 for a tag not
+    named, e.g. ``{single_object: 0.5, colors: 0.5}`` draws the two tasks the
+    base already solves half as often as each other task.
+    """
+
+    prompts: str = "shapes-train"
+    sampling: str = field(default="uniform", metadata=_choice("uniform", "balanced"))
+    task_weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoggingConfig:
+    """Where the run goes and how often it reports."""
+
+    output_dir: str = "runs/shapes_nft"
+    tracker: str = field(default="none", metadata=_choice("none", "tensorboard", "wandb"))
+    sample_every: int = field(default=10, metadata=_at_least(0))
+    checkpoint_every: int = field(default=10, metadata=_at_least(0))
+    keep_checkpoints: int = field(default=2, metadata=_at_least(1))
+    progress: bool = True
+
+
+@dataclass
+class EvaluationConfig:
+    """Held-out GenEval-style evaluation (shapes models): before training, every ``every`` steps, at the end.
+
+    ``world``: ``shapes`` (images) or ``video_shapes`` (clips) — whose test
+    prompts and verifier judge the model; None = the world of ``data.prompts``
+    (``shapes`` for a prompt file).
+    """
+
+    world: str | None = field(default=None, metadata=_choice(None, "shapes", "video_shapes"))
+
+    every: int = field(default=0, metadata=_at_least(0))
+    images_per_task: int = field(default=64, metadata=_at_least(1))
+    num_steps: int = field(default=20, metadata=_at_least(1))
+    guidance_scales: list[float] = field(default_factory=lambda: [1.0])
+    base_guidance_scales: list[float] = field(default_factory=lambda: [1.0, 3.0])
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """A whole training run (built by :func:`flowrl.config.build_config`, which chooses ``model`` and
+    ``algorithm``'s dataclasses by ``model.backend`` and ``algorithm.name``)."""
+
+    #: the backend's own config dataclass (:mod:`flowrl.models`), chosen by ``model.backend``
+    model: Any
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    rewards: dict[str, Any] = field(default_factory=lambda: {"shapes_verifier": 1.0})
+    reward_aggregation: str = field(default="sum", metadata=_choice("sum", "gdpo"))
+    #: the algorithm's own config dataclass (:mod:`flowrl.algorithms`), chosen by ``algorithm.name``
+    algorithm: AlgorithmConfig
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    resume: str | None = None
+
+    @property
+    def evaluation_world(self) -> str | None:
+        """The world evaluation uses: ``evaluation.world``, else the one of shipped ``data.prompts``, else
+        None (the trainer then takes the model's: clips or images)."""
+        if self.evaluation.world is not None:
+            return self.evaluation.world
+        return WORLD_OF_PROMPTS.get(self.data.prompts)
+
+    @property
+    def images_per_step(self) -> int:
+        return self.training.prompts_per_step * self.training.group_size
+
+    def per_process(self, num_processes: int) -> tuple[int, int]:
+        """``(images per process, gradient-accumulation micro-batches)`` for ``num_processes``.
+
+        The global batch must split evenly over processes, and each share into micro-batches.
+        """
+        images = self.images_per_step
+        if images % num_processes:
+            raise ConfigError(
+                f"training.prompts_per_step * training.group_size = {images} images per step "
+                f"does not divide over {num_processes} processes"
+            )
+        local = images // num_processes
+        micro = min(self.training.micro_batch_size, local)
+        if local % micro:
+            raise ConfigError(
+                f"training.micro_batch_size={self.training.micro_batch_size} does not divide the "
+                f"{local} images per process ({images} per step over {num_processes} processes)"
+            )
+        return local, local // micro
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: the shipped training prompts (``data.prompts``) and their world (:mod:`flowrl.worlds`)
+WORLD_OF_PROMPTS: dict[str, str] = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}
