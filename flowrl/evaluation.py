@@ -25,14 +25,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from flowrl.grid import save_grid
-from flowrl.worlds import WORLDS, PromptRecord, World
+from flowrl.worlds import WORLDS, PromptRecord, World, get_world
+
+if TYPE_CHECKING:
+    from flowrl.policy import Policy
+    from flowrl.train_config import TrainConfig
 
 ImageSampler = Callable[[Sequence[str], Sequence[int], int, float], torch.Tensor]
 HISTOGRAM_BINS = 32
@@ -175,3 +179,41 @@ def write_evaluation(
     ]
     grid_path = save_grid(output_dir / f"{name}.png", images[shown], captions, columns=grid_images_per_task)
     return json_path, grid_path
+
+
+def evaluation_world(config: TrainConfig, policy: Policy) -> World:
+    """The world whose held-out prompts judge the model: the config's (``evaluation.world`` or shipped
+    ``data.prompts``), else the one the model draws (clips: ``video_shapes``, images: ``shapes``).
+    A shapes model of the other kind is an error here, before anything is sampled."""
+    if not policy.flow_model.renders_world:  # config validation keeps their evaluation off
+        return get_world(config.evaluation_world or "shapes")
+    makes_clips = policy.flow_model.is_video
+    world = get_world(config.evaluation_world or ("video_shapes" if makes_clips else "shapes"))
+    if world.is_video != makes_clips:
+        raise ValueError(
+            f"model.name={config.model.name!r} makes {'clips' if makes_clips else 'images'}, but the "
+            f"evaluation world is {world.name!r} (evaluation.world / data.prompts={config.data.prompts!r})"
+        )
+    return world
+
+
+def eval_row(scores: dict[str, Any], world: World) -> dict[str, float]:
+    """The evaluation scores that go into ``metrics.jsonl`` (the world's task scores and drift), keyed ``eval/...``."""
+    return {f"eval/{k}": v for k, v in scores.items() if k.startswith((f"{world.score_prefix}/", "drift/"))}
+
+
+def summary_table(base: dict[str, Any], tuned: dict[str, Any], world: World) -> str:
+    """Per-task held-out scores: base at each guidance scale, tuned at each."""
+    columns = [(f"base cfg {scale}", scores) for scale, scores in base.items()]
+    columns += [(f"tuned cfg {scale}", scores) for scale, scores in tuned.items()]
+    lines = [f"{'task':<16}" + "".join(f"{name:>14}" for name, _ in columns)]
+    for task in (*world.tasks, "overall"):
+        key = world.score_key(task)
+        lines.append(
+            f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns)
+        )
+    lines.append(
+        f"{'colour drift':<16}"
+        + "".join(f"{scores.get('drift/colour_tv', float('nan')):>14.3f}" for _, scores in columns)
+    )
+    return "\n".join(lines)

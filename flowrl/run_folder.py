@@ -8,9 +8,11 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import socket
 import tempfile
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,6 +88,17 @@ def non_finite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
         ):
             bad.append(name)
     return bad
+
+
+def refuse_non_finite(state: Mapping[str, Any], what: str, step: int) -> None:
+    """A ``FloatingPointError`` naming the tensors of ``state`` that hold NaN or infinite values, if any:
+    no checkpoint or model of a non-finite network is ever saved."""
+    bad = non_finite_tensors(state)
+    if bad:
+        raise FloatingPointError(
+            f"not saving the {what} at step {step}: non-finite values in {bad[:5]}"
+            + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        )
 
 
 #: keys a resumed run may change: how long it runs and how it reports; any other change (the learning
@@ -182,3 +195,18 @@ def config_value(config: dict[str, Any], dotted: str) -> Any:
     for key in dotted.split("."):
         value = value.get(key) if isinstance(value, dict) else None
     return value
+
+
+#: the packages whose versions a run records in its config.yaml
+PACKAGES = ("flowrl", "torch", "diffusers", "accelerate", "peft", "transformers", "open-clip-torch")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a run depends on."""
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions

@@ -1,18 +1,21 @@
 """The online RL training loop, read top to bottom.
 
-One step, on every process (every collective runs everywhere):
+One step (:meth:`Trainer.train_step`), on every process (every collective runs everywhere):
 
   1. the step's global samples: ``prompts_per_step`` prompts x ``group_size``,
      the same list on every process; each process takes its slice;
-  2. rollouts by the old policy through ``samplers`` (CFG-free by default), in
+  2. rollouts by the rollout copy through ``samplers`` (CFG-free by default), in
      micro-batches, each handed to the reward scorer in the background as soon
-     as it is decoded;
-  3. scores gathered from all processes, group advantages on the global batch;
-  4. the algorithm's loss over its passes (e.g. timesteps) and micro-batches,
-     gradients accumulated (synchronised once, on the last backward);
-  5. gradient clipping, optimizer and learning-rate step, the algorithm's
-     state update (old policy), EMA;
-  6. metrics, sample grids, curves; periodic evaluation and checkpoint.
+     as it is decoded (:mod:`flowrl.rollout`);
+  3. scores gathered from all processes; the algorithm's advantages on the
+     global batch;
+  4. the algorithm's training rows and draws, its loss over passes (e.g.
+     timesteps) x micro-batches of rows, one backward each, in
+     ``updates_per_step`` optimizer updates (clipping, optimizer and
+     learning-rate step; a non-finite update is skipped on every process);
+  5. the algorithm's copies (old, rollout) and the EMA follow the moved model;
+  6. the step's metrics (:mod:`flowrl.step_metrics`) and sample grid; the loop
+     adds curves, periodic evaluation and checkpoints.
 
 All randomness of a step derives from ``(seed, step)`` and global sample
 indices, so one process and two processes see the same data and noise, and a
@@ -28,16 +31,11 @@ import contextlib
 import importlib.util
 import json
 import math
-import platform
-import random
-import resource
 import time
 from functools import partial
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
@@ -45,7 +43,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from tqdm.auto import tqdm
 
 from flowrl.advantages import RewardBatch
-from flowrl.algorithms import Algorithm, RolloutChunk, TrainBatch, build_algorithm
+from flowrl.algorithms import TrainBatch, TrainRows
+from flowrl.batches import check_batches, update_units
 from flowrl.busy import warn_if_busy
 from flowrl.checkpoint import (
     CheckpointError,
@@ -56,140 +55,29 @@ from flowrl.checkpoint import (
     write_checkpoint,
 )
 from flowrl.config_schema import ConfigError
-from flowrl.evaluation import evaluate, write_evaluation
+from flowrl.evaluation import eval_row, evaluate, evaluation_world, summary_table, write_evaluation
 from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
-from flowrl.policy import REFERENCE, ROLLOUT, TUNED, Policy, build_policy
-from flowrl.prompts import load_prompts, prompt_weights, step_samples
+from flowrl.policy import REFERENCE, TUNED, build_policy
+from flowrl.prompts import StepSamples, load_prompts, prompt_weights, step_samples
+from flowrl.rng import rng_state, set_rng_state, step_generator
+from flowrl.rollout import Rollout, rollout_and_score
 from flowrl.run_folder import (
     INPUTS_KEY,
     check_resume_changes,
     claim_output_dir,
     input_fingerprints,
-    non_finite_tensors,
+    package_versions,
+    refuse_non_finite,
 )
 from flowrl.run_log import MetricsLog, log_grid_to_trackers, plot_curves, save_sample_grid
+from flowrl.step_metrics import Updates, peak_memory_gb, reward_metrics, time_metrics, update_metrics
 from flowrl.train_config import TrainConfig
-from flowrl.worlds import World, get_world
-from rewards import AsyncScorer, MultiReward, SkippedBatch
+from rewards import AsyncScorer, MultiReward
 from samplers import select_rows
 
 #: steps between redraws of curves.png (and at every evaluation and at the end)
 CURVES_EVERY = 10
-PACKAGES = ("flowrl", "torch", "diffusers", "accelerate", "peft", "transformers", "open-clip-torch")
-
-
-def package_versions() -> dict[str, str]:
-    """Installed versions of the packages a run depends on."""
-    versions = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    """Peak accelerator memory (GiB) since the previous call on CUDA; elsewhere the process's peak resident set."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return peak / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
-
-
-def step_generator(seed: int, step: int) -> torch.Generator:
-    """The CPU generator of a step's algorithm draws (the same on every process)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
-
-
-def rng_state() -> dict[str, Any]:
-    """The process's torch, NumPy and Python RNG states in types ``torch.load(weights_only=True)`` reads
-    (NumPy's key array as a tensor)."""
-    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
-    numpy_state = {
-        "kind": kind,
-        "keys": torch.from_numpy(keys.astype(np.int64)),
-        "position": int(position),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached),
-    }
-    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    numpy_state = state["numpy"]
-    if isinstance(numpy_state, tuple):  # a checkpoint of an earlier version: NumPy's own state tuple
-        np.random.set_state(numpy_state)
-    else:
-        _set_numpy_state(numpy_state)
-    random.setstate(state["python"])
-
-
-def _set_numpy_state(numpy_state: dict[str, Any]) -> None:
-    np.random.set_state(
-        (
-            numpy_state["kind"],
-            numpy_state["keys"].numpy().astype(np.uint32),
-            numpy_state["position"],
-            numpy_state["has_gauss"],
-            numpy_state["cached_gaussian"],
-        )
-    )
-
-
-def task_rewards(total: torch.Tensor, records: list[dict]) -> dict[str, float]:
-    """``{"reward/task/<tag>": mean total reward}`` per task tag of the step's prompts (none when a prompt
-    has no ``tag``, as in plain prompt files)."""
-    tags = [record.get("tag") for record in records]
-    if not tags or None in tags:
-        return {}
-    return {
-        f"reward/task/{tag}": float(total[[i for i, t in enumerate(tags) if t == tag]].mean())
-        for tag in sorted(set(tags))
-    }
-
-
-def update_units(
-    config: TrainConfig, passes: int, micro_batch: int, num_rows: int
-) -> list[list[tuple[int, slice]]]:
-    """The (pass, rows) backward units of a step, split into ``updates_per_step`` optimizer updates.
-
-    Units are every one of the algorithm's ``passes`` over every micro-batch of a process's ``num_rows``
-    training rows.
-    """
-    units = [
-        (pass_index, slice(begin, min(begin + micro_batch, num_rows)))
-        for pass_index in range(passes)
-        for begin in range(0, num_rows, micro_batch)
-    ]
-    updates = config.training.updates_per_step
-    if len(units) % updates:
-        raise ConfigError(
-            f"training.updates_per_step={updates} does not divide the {len(units)} backward passes of a step "
-            f"({passes} loss passes x micro-batches of {micro_batch} over {num_rows} training rows per process)"
-        )
-    per_update = len(units) // updates
-    return [units[index : index + per_update] for index in range(0, len(units), per_update)]
-
-
-def check_batches(config: TrainConfig, num_processes: int) -> tuple[Algorithm, int, int]:
-    """Check that the global batch splits over ``num_processes`` and every step's backward units over
-    ``updates_per_step``, without loading a model; returns the built algorithm, the images per process
-    and the micro-batches per process.
-
-    Row counts can follow a sliding window; the first ``num_steps`` steps cover every window position
-    with stride and every 1 (each step checks its own units again as it runs).
-    """
-    local_images, micro_batches = config.per_process(num_processes)
-    algorithm = build_algorithm(config)
-    for step in range(1, config.sampler.num_steps + 1):
-        update_units(
-            config, algorithm.passes, local_images // micro_batches, algorithm.num_rows(local_images, step)
-        )
-    return algorithm, local_images, micro_batches
 
 
 class Trainer:
@@ -234,6 +122,9 @@ class Trainer:
         self.resume_from = self.checkpoint_to_resume()
         acc.wait_for_everyone()
         self.micro_batch = self.local_images // self.micro_batches
+        begin = self.accelerator.process_index * self.local_images
+        #: this process's rows of the step's global batch
+        self.local_rows = slice(begin, begin + self.local_images)
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling, config.data.task_weights)
         self.reward = MultiReward(config.rewards)
 
@@ -349,7 +240,7 @@ class Trainer:
         """Write a checkpoint of the run (main process); never one of a non-finite model."""
         states = gather_object([rng_state()])
         if self.accelerator.is_main_process:
-            self.check_finite("checkpoint")
+            refuse_non_finite(self.policy.state_dict(), "checkpoint", self.step)
             write_checkpoint(
                 self.checkpoint_dir,
                 self.step,
@@ -363,15 +254,6 @@ class Trainer:
                 config=self.run_record(),
             )
         self.accelerator.wait_for_everyone()
-
-    def check_finite(self, what: str) -> None:
-        """Refuse to save a model with NaN or infinite weights."""
-        bad = non_finite_tensors(self.policy.state_dict())
-        if bad:
-            raise FloatingPointError(
-                f"not saving the {what} at step {self.step}: non-finite values in {bad[:5]}"
-                + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            )
 
     # --- evaluation ----------------------------------------------------------------------------------
 
@@ -397,101 +279,92 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    def update_units(self, num_rows: int) -> list[list[tuple[int, slice]]]:
-        return update_units(self.config, self.algorithm.passes, self.micro_batch, num_rows)
-
-    def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer):
-        """Rollouts of this process's samples by the rollout copy (the algorithm's sampler, micro-batch by
-        micro-batch of whole groups), decoded and scored in the background chunk by chunk."""
-        policy, acc = self.policy, self.accelerator
-        cond = policy.encode([record["prompt"] for record in records])
-        noise = policy.initial_noise(seeds, acc.device)
-        velocity = policy.guided(
-            ROLLOUT, self.config.sampler.guidance_scale, self.config.sampler.negative_prompt
-        )
-        chunks: list[RolloutChunk] = []
-        media: list[torch.Tensor] = []
-        futures = []
-        start = time.perf_counter()
-        with torch.no_grad():
-            for begin in range(0, len(records), self.micro_batch):
-                rows = torch.arange(begin, min(begin + self.micro_batch, len(records)))
-                generator = torch.Generator().manual_seed(seeds[begin])  # SDE noise of this micro-batch
-                chunk = self.algorithm.rollout(
-                    velocity,
-                    noise[rows.to(noise.device)],
-                    self.grid,
-                    select_rows(cond, rows),
-                    generator,
-                    self.step,
-                )
-                chunks.append(chunk)
-                media.append(policy.decode(chunk.x0))
-                items = [records[i] for i in rows.tolist()]
-                futures.append(scorer.submit(media[-1], [r["prompt"] for r in items], items))
-        rollout_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        parts, skipped = [], False
-        for future in futures:
-            try:
-                parts.append(future.result())
-            except SkippedBatch as error:
-                tqdm.write(f"step {self.step}: skipping the update: {error}")
-                skipped = True
-        reward_wait = time.perf_counter() - start
-        scores = None if skipped else concat_scores(parts)
-        return chunks, media, cond, scores, rollout_seconds, reward_wait
-
     def train_step(self, scorer: AsyncScorer) -> dict[str, Any]:
-        config, acc, policy = self.config, self.accelerator, self.policy
-        step_start = time.perf_counter()
-        samples = step_samples(
+        """One step (the phases of the module docstring); returns its metrics row."""
+        acc, started = self.accelerator, time.perf_counter()
+        samples = self.step_samples()  # 1. the step's global samples; this process's slice
+        local = samples.shard(acc.process_index, acc.num_processes)
+        rollout = self.rollout_and_score(local.records, local.seeds, scorer)  # 2. rollouts, scored
+        if self.any_process(rollout.scores is None):  # a reward with on_error: skip_batch failed somewhere
+            return self.skipped_step("reward", time.perf_counter() - started)
+        rewards, global_scores = self.gather_rewards(rollout.scores, samples.group_ids)  # 3. every process's
+        advantages = self.algorithm.advantages(rewards)[self.local_rows].to(acc.device)  # on the global batch
+        train_started = time.perf_counter()
+        rows = self.algorithm.training_rows(  # 4. the algorithm's rows and draws; the optimizer updates
+            rollout.chunks, advantages, self.reward.total(rollout.scores).to(acc.device), self.step
+        )
+        draws = self.algorithm.draw(
+            step_generator(self.config.training.seed, self.step),
+            len(samples.records),
+            self.policy.sample_shape,
+            self.grid,
+            self.step,
+        )
+        updates = self.update(
+            rows, rollout.cond, {key: value[:, self.local_rows] for key, value in draws.items()}
+        )
+        copies_started = time.perf_counter()
+        step_end = self.algorithm.after_optimizer_step(self.step)  # 5. the copies (old, EMA) follow
+        if updates.grad_norms:  # only a model that moved
+            self.policy.move_copies(step_end.copy_decays)
+        self.count_skip(not updates.grad_norms, "non-finite loss or gradients")
+        updates.optimizer_seconds += time.perf_counter() - copies_started
+        row = {  # 6. metrics (and sample grids)
+            **reward_metrics(self.step, rewards, global_scores, samples.records),
+            **update_metrics(updates, acc.reduce, self.scheduler.get_last_lr()[0]),
+            **rows.log,
+            **step_end.log,
+            **time_metrics(rollout, updates, time.perf_counter() - train_started, started, acc),
+        }
+        self.save_samples(local, rollout)
+        return row
+
+    def step_samples(self) -> StepSamples:
+        """The step's global list of samples (prompt records, group ids, seeds), the same on every process."""
+        training = self.config.training
+        return step_samples(
             self.prompts,
             self.step,
-            config.training.prompts_per_step,
-            config.training.group_size,
-            config.training.seed,
+            training.prompts_per_step,
+            training.group_size,
+            training.seed,
             self.prompt_weights,
         )
-        local = samples.shard(acc.process_index, acc.num_processes)
-        chunks, media, cond, scores, rollout_seconds, reward_wait = self.rollout_and_score(
-            local.records, local.seeds, scorer
-        )
-        if self.any_process(scores is None):  # a reward with on_error: skip_batch failed somewhere
-            return self.skipped_step("reward", time.perf_counter() - step_start)
 
-        # Gather every process's scores; the algorithm's advantages, once, over the global batch; this
-        # process's slice.
+    def gather_rewards(
+        self, scores: dict[str, torch.Tensor], group_ids: list[int]
+    ) -> tuple[RewardBatch, dict[str, torch.Tensor]]:
+        """Every process's scores, and the reward batch (components, weights, totals, groups) they make."""
+        acc = self.accelerator
         global_scores = {key: acc.gather(value.to(acc.device)).cpu() for key, value in scores.items()}
         rewards = RewardBatch(
             self.reward.components(global_scores),
             self.reward.weights,
             self.reward.total(global_scores),
-            torch.tensor(samples.group_ids),
+            torch.tensor(group_ids),
         )
-        advantages = self.algorithm.advantages(rewards)
-        begin = acc.process_index * self.local_images
-        local_rows = slice(begin, begin + self.local_images)
-        local_advantages = advantages[local_rows].to(acc.device)
+        return rewards, global_scores
 
-        # The algorithm's rows (samples or tree edges), then its loss over passes x micro-batches of rows.
-        train_start = time.perf_counter()
-        rows = self.algorithm.training_rows(
-            chunks, local_advantages, self.reward.total(scores).to(acc.device), self.step
-        )
-        draws = self.algorithm.draw(
-            step_generator(config.training.seed, self.step),
-            len(samples.records),
-            policy.sample_shape,
+    def rollout_and_score(self, records: list[dict], seeds: list[int], scorer: AsyncScorer) -> Rollout:
+        """This process's rollouts of the step, scored in the background (:mod:`flowrl.rollout`)."""
+        return rollout_and_score(
+            self.policy,
+            self.algorithm,
+            self.config,
             self.grid,
             self.step,
+            self.micro_batch,
+            records,
+            seeds,
+            scorer,
         )
-        draws = {key: value[:, local_rows] for key, value in draws.items()}
-        # Every (pass, micro-batch) unit is one backward, weighted by its share of its update's rows;
-        # gradients synchronise on the last backward of each of the `updates_per_step` updates.
-        losses, statistics, grad_norms = [], {}, []
-        optimizer_seconds, skipped_updates = 0.0, 0
-        for units in self.update_units(rows.count):
+
+    def update(self, rows: TrainRows, cond: Any, draws: dict[str, torch.Tensor]) -> Updates:
+        """The algorithm's loss over every (pass, micro-batch) unit, one backward each, weighted by its share
+        of its update's rows; gradients synchronise on the last backward of each of the ``updates_per_step``
+        updates. A non-finite loss or gradient anywhere skips that update on every process."""
+        acc, policy, updates = self.accelerator, self.policy, Updates()
+        for units in update_units(self.config, self.algorithm.passes, self.micro_batch, rows.count):
             update_losses = []
             update_rows = sum(part.stop - part.start for _, part in units)
             for index, (pass_index, part) in enumerate(units):
@@ -508,68 +381,38 @@ class Trainer:
                     acc.backward(loss * ((part.stop - part.start) / update_rows))
                 update_losses.append(loss.detach())
                 for key, value in stats.items():
-                    statistics.setdefault(key, []).append(value.float().mean())
-            losses.extend(update_losses)
-            optimizer_start = time.perf_counter()
-            grad_norm = float(acc.clip_grad_norm_(policy.trainable_parameters(), config.training.grad_clip))
-            # A non-finite loss or gradient anywhere skips this update on every process.
+                    updates.statistics.setdefault(key, []).append(value.float().mean())
+            updates.losses.extend(update_losses)
+            started = time.perf_counter()
+            grad_norm = float(
+                acc.clip_grad_norm_(policy.trainable_parameters(), self.config.training.grad_clip)
+            )
             finite = math.isfinite(grad_norm) and bool(torch.isfinite(torch.stack(update_losses)).all())
             if self.any_process(not finite):  # skipped: no optimizer or learning-rate step
-                skipped_updates += 1
+                updates.skipped += 1
             else:
-                grad_norms.append(grad_norm)
+                updates.grad_norms.append(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-            optimizer_seconds += time.perf_counter() - optimizer_start
-        optimizer_start = time.perf_counter()
-        step_end = self.algorithm.after_optimizer_step(self.step)
-        if grad_norms:  # the copies (old, EMA) follow only a model that moved
-            policy.move_copies(step_end.copy_decays)
-        self.count_skip(not grad_norms, "non-finite loss or gradients")
-        train_seconds = time.perf_counter() - train_start
-        optimizer_seconds += time.perf_counter() - optimizer_start
+            updates.optimizer_seconds += time.perf_counter() - started
+        return updates
 
-        total = rewards.total
-        row: dict[str, Any] = {
-            "step": self.step,
-            "reward/mean": float(total.mean()),
-            **{f"reward/{key}": float(value.mean()) for key, value in global_scores.items()},
-            "reward/zero_std_groups": float(rewards.zero_std_groups().float().mean()),
-            **task_rewards(total, samples.records),
-            "loss": float(acc.reduce(torch.stack(losses).mean(), "mean")),
-            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-            "skipped/updates": skipped_updates,
-            "lr": self.scheduler.get_last_lr()[0],
-            **{
-                key: float(acc.reduce(torch.stack(values).mean(), "mean"))
-                for key, values in statistics.items()
-            },
-            **rows.log,
-            **step_end.log,
-            "time/rollout": rollout_seconds,
-            "time/reward": reward_wait,
-            "time/train": train_seconds,
-            "time/loss_backward": train_seconds - optimizer_seconds,
-            "time/optimizer": optimizer_seconds,
-            "time/step": time.perf_counter() - step_start,
-            "memory/peak_gb": peak_memory_gb(acc.device),
-            "num_processes": acc.num_processes,
-        }
-        if (
-            acc.is_main_process
-            and config.logging.sample_every
-            and self.step % config.logging.sample_every == 0
-        ):
-            shown = min(16, len(local.records))
-            grid_path = save_sample_grid(
-                self.output_dir / "samples" / f"step_{self.step:06d}.png",
-                torch.cat(media)[:shown].cpu(),
-                [r["prompt"] for r in local.records[:shown]],
-                self.reward.total(scores)[:shown],
-            )
-            log_grid_to_trackers(acc, "samples", grid_path, self.step)
-        return row
+    # --- what a step logs ----------------------------------------------------------------------------
+
+    def save_samples(self, local: StepSamples, rollout: Rollout) -> None:
+        """Every ``logging.sample_every`` steps, a grid of this step's first samples (main process)."""
+        every = self.config.logging.sample_every
+        if not (self.accelerator.is_main_process and every and self.step % every == 0):
+            return
+        shown = min(16, len(local.records))
+        grid_path = save_sample_grid(
+            self.output_dir / "samples" / f"step_{self.step:06d}.png",
+            torch.cat(rollout.media)[:shown].cpu(),
+            [r["prompt"] for r in local.records[:shown]],
+            self.reward.total(rollout.scores)[:shown],
+        )
+        log_grid_to_trackers(self.accelerator, "samples", grid_path, self.step)
 
     def any_process(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any process (a collective: every process must call it)."""
@@ -660,12 +503,7 @@ class Trainer:
                 if log is not None:
                     log.append(row)
                     if self.step % CURVES_EVERY == 0 or f"eval/{self.world.score_key('overall')}" in row:
-                        plot_curves(
-                            log.rows,
-                            self.output_dir / "curves.png",
-                            str(self.output_dir),
-                            self.world.score_prefix,
-                        )
+                        self.redraw_curves(log)
                 acc.log(row, step=self.step)
                 if "reward/mean" in row:
                     progress.set_postfix(
@@ -679,12 +517,15 @@ class Trainer:
             self.save_checkpoint()
         return self.finish(base_scores, log)
 
+    def redraw_curves(self, log: MetricsLog) -> None:
+        plot_curves(log.rows, self.output_dir / "curves.png", str(self.output_dir), self.world.score_prefix)
+
     def finish(self, base_scores: dict[str, Any], log: MetricsLog | None) -> dict[str, Any]:
         """Save the tuned model, evaluate it, write ``summary.json`` and print the base-vs-tuned table."""
         acc = self.accelerator
         summary: dict[str, Any] = {}
         if acc.is_main_process:
-            self.check_finite("tuned model")
+            refuse_non_finite(self.policy.state_dict(), "tuned model", self.step)
             self.policy.save_pretrained(self.output_dir / "model")
             tuned = {
                 f"{scale:g}": self.evaluate(TUNED, scale, f"tuned_cfg{scale:g}")
@@ -694,9 +535,7 @@ class Trainer:
             if log is not None and log.rows and final:
                 log.rows[-1].update(final)
                 log._rewrite()
-                plot_curves(
-                    log.rows, self.output_dir / "curves.png", str(self.output_dir), self.world.score_prefix
-                )
+                self.redraw_curves(log)
             summary = {
                 "base": base_scores,
                 "tuned": tuned,
@@ -712,54 +551,6 @@ class Trainer:
         acc.wait_for_everyone()
         acc.end_training()
         return summary
-
-
-def concat_scores(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Micro-batch scores joined per label; a label a micro-batch lacks (its reward failed and was
-    zeroed before it ever answered) counts 0 there."""
-    labels = list(dict.fromkeys(label for part in parts for label in part))
-    return {
-        label: torch.cat([part.get(label, torch.zeros(len(next(iter(part.values()))))) for part in parts])
-        for label in labels
-    }
-
-
-def evaluation_world(config: TrainConfig, policy: Policy) -> World:
-    """The world whose held-out prompts judge the model: the config's (``evaluation.world`` or shipped
-    ``data.prompts``), else the one the model draws (clips: ``video_shapes``, images: ``shapes``).
-    A shapes model of the other kind is an error here, before anything is sampled."""
-    if not policy.flow_model.renders_world:  # config validation keeps their evaluation off
-        return get_world(config.evaluation_world or "shapes")
-    makes_clips = policy.flow_model.is_video
-    world = get_world(config.evaluation_world or ("video_shapes" if makes_clips else "shapes"))
-    if world.is_video != makes_clips:
-        raise ValueError(
-            f"model.name={config.model.name!r} makes {'clips' if makes_clips else 'images'}, but the "
-            f"evaluation world is {world.name!r} (evaluation.world / data.prompts={config.data.prompts!r})"
-        )
-    return world
-
-
-def eval_row(scores: dict[str, Any], world: World) -> dict[str, float]:
-    """The evaluation scores that go into ``metrics.jsonl`` (the world's task scores and drift), keyed ``eval/...``."""
-    return {f"eval/{k}": v for k, v in scores.items() if k.startswith((f"{world.score_prefix}/", "drift/"))}
-
-
-def summary_table(base: dict[str, Any], tuned: dict[str, Any], world: World) -> str:
-    """Per-task held-out scores: base at each guidance scale, tuned at each."""
-    columns = [(f"base cfg {scale}", scores) for scale, scores in base.items()]
-    columns += [(f"tuned cfg {scale}", scores) for scale, scores in tuned.items()]
-    lines = [f"{'task':<16}" + "".join(f"{name:>14}" for name, _ in columns)]
-    for task in (*world.tasks, "overall"):
-        key = world.score_key(task)
-        lines.append(
-            f"{task:<16}" + "".join(f"{scores.get(key, float('nan')):>14.3f}" for _, scores in columns)
-        )
-    lines.append(
-        f"{'colour drift':<16}"
-        + "".join(f"{scores.get('drift/colour_tv', float('nan')):>14.3f}" for _, scores in columns)
-    )
-    return "\n".join(lines)
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

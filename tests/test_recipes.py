@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flowrl.batches import check_batches
 from flowrl.config import load_config
-from flowrl.trainer import check_batches
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 

@@ -113,7 +113,7 @@ def test_checkpoints_of_earlier_versions_with_numpy_rng_states_still_load_and_re
 
     import numpy as np
 
-    from flowrl.trainer import set_rng_state
+    from flowrl.rng import set_rng_state
 
     np.random.seed(7)
     old_style = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}

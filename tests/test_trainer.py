@@ -13,7 +13,8 @@ from flowrl.learning_rate import learning_rate_factor
 from flowrl.prompts import prompt_weights, step_samples
 from flowrl.run_log import read_metrics
 from flowrl.shapes.grammar import shipped_prompts
-from flowrl.trainer import Trainer, task_rewards
+from flowrl.step_metrics import task_rewards
+from flowrl.trainer import Trainer
 
 TINY_RUN = [
     "training.prompts_per_step=2",

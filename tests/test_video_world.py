@@ -21,7 +21,7 @@ from PIL import Image, ImageSequence
 from flowrl.checkpoint import read_checkpoint
 from flowrl.cli import main
 from flowrl.config import ConfigError, load_config
-from flowrl.evaluation import colour_drift, evaluate, evaluation_items, write_evaluation
+from flowrl.evaluation import colour_drift, evaluate, evaluation_items, evaluation_world, write_evaluation
 from flowrl.generate import generate
 from flowrl.grid import FRAME_MILLISECONDS, save_grid
 from flowrl.models import load_shapes_model
@@ -32,7 +32,7 @@ from flowrl.run_log import grid_pixels, log_grid_to_trackers, read_metrics
 from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.grammar import write_prompts
 from flowrl.shapes.tokenizer import ShapesTokenizer
-from flowrl.trainer import evaluation_world, train
+from flowrl.trainer import train
 from flowrl.video_shapes import grammar
 from flowrl.video_shapes.render import (
     NUM_FRAMES,
