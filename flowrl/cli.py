@@ -1,4 +1,4 @@
-"""The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``rewards``, ``reward-server``,
+"""The ``flowrl`` command line: ``sample``, ``eval``, ``train``, ``config``, ``rewards``, ``reward-server``,
 ``pretrain-shapes``, ``demo``.
 
 Each command imports what it needs when it runs (torch and the models take
@@ -27,7 +27,7 @@ overrides are section.key=value, the value read as YAML:
   training.steps=50  evaluation.guidance_scales=[1,3]  logging.output_dir=runs/mine
 resume=latest continues the run in logging.output_dir from its newest usable checkpoint
 (resume=PATH names a checkpoint folder). Every key, its default and what is allowed:
-docs/training.md and flowrl/config.py; recipes: configs/."""
+flowrl config CONFIG (this config resolved, with each key's help) and docs/settings.md; recipes: configs/."""
 
 
 def _sample(args: argparse.Namespace) -> None:
@@ -133,6 +133,16 @@ def _working_directory_on_path() -> None:
     does (appended, so it never shadows an installed package)."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
+
+
+def _config(args: argparse.Namespace) -> None:
+    from flowrl.config import load_config
+    from flowrl.config_help import render_config, settings_markdown
+
+    if args.markdown:
+        print(settings_markdown(), end="")
+    else:
+        print(render_config(load_config(args.config, args.overrides), args.diff), end="")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -296,6 +306,22 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
         "overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. training.steps=50 resume=latest"
     )
     train.set_defaults(run=_train)
+
+    show = commands.add_parser(
+        "config",
+        help="print a config resolved, each key with its help and default",
+        description="Print a training config as flowrl train reads it (defaults filled in, overrides applied, "
+        "checked), each key with its help text and, where it differs, its default.",
+    )
+    show.add_argument("config", nargs="?", help="YAML config file (default: the built-in defaults)")
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, as for flowrl train")
+    show.add_argument(
+        "--diff", action="store_true", help="only the keys whose value differs from the default"
+    )
+    show.add_argument(
+        "--markdown", action="store_true", help="the reference of every key instead (docs/settings.md)"
+    )
+    show.set_defaults(run=_config)
 
     demo = commands.add_parser(
         "demo",

@@ -56,6 +56,8 @@ def build_section(cls: type, data: Any, prefix: str, **given: Any) -> Any:
 
 def _check_value(key: str, value: Any, kind: Any, rules: typing.Mapping[str, Any]) -> Any:
     value = _coerce(key, value, kind)
+    if value is None:  # allowed by an ``X | None`` type (``_coerce`` refused it otherwise); no bounds apply
+        return value
     if "choices" in rules and value not in rules["choices"]:
         raise ConfigError(f"{key}={value!r} is not allowed; allowed: {list(rules['choices'])}")
     if "min" in rules:

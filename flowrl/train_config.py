@@ -59,11 +59,15 @@ class AlgorithmConfig:
 class SamplerConfig:
     """Rollouts: an ODE solver of ``samplers`` on a (shifted) time grid, CFG-free by default."""
 
+    #: the ODE solver of the rollouts (the samplers package): euler, heun (2 evaluations a step) or dpm2m;
+    #: the GRPO family replaces it with its SDE
     solver: str = field(default="euler", metadata=_choice("euler", "heun", "dpm2m"))
+    #: steps of the rollout time grid (the GRPO family's SDE steps, NFT's grid of training times)
     num_steps: int = field(default=10, metadata=_at_least(1))
     #: SD3 time shift ``s`` of ``t' = s t / (1 + (s - 1) t)`` on ``linspace(1, 0, S + 1)``; None = the model's own
     #: default grid (a diffusers model's: exactly its scheduler's sigmas for S steps; shapes: unshifted)
     time_shift: float | None = field(default=None, metadata=_at_least(0.0, strict=True))
+    #: classifier-free guidance of the rollouts: 1 = none (the CFG-free policy the NFT family trains)
     guidance_scale: float = field(default=1.0, metadata=_at_least(1.0))
     #: the prompt CFG guides away from (the unconditional branch of every guided velocity: rollouts,
     #: GRPO's guided training, CRD's anchor); "" = the empty prompt. Diffusers backends only: the shapes
@@ -75,26 +79,43 @@ class SamplerConfig:
 class TrainingConfig:
     """Global batch sizes and optimisation. Images per step = ``prompts_per_step * group_size``."""
 
+    #: training steps: each samples prompts_per_step x group_size images and makes updates_per_step
+    #: optimizer updates
     steps: int = field(default=100, metadata=_at_least(1))
+    #: distinct prompts per step (global, over all processes)
     prompts_per_step: int = field(default=8, metadata=_at_least(1))
+    #: samples per prompt: a group, whose rewards are normalised together into advantages
     group_size: int = field(default=8, metadata=_at_least(2))
+    #: images per forward and backward on one process (gradient accumulation over the rest; rollouts use
+    #: the same size)
     micro_batch_size: int = field(default=32, metadata=_at_least(1))
     #: optimizer updates per rollout batch; each takes the same share of every process's (timestep x
     #: micro-batch) units, so with more than one the samples that share an update depend on the number
     #: of processes (same data and sizes, not bit-identical across process counts)
     updates_per_step: int = field(default=1, metadata=_at_least(1))
+    #: peak learning rate of AdamW (after warm-up)
     learning_rate: float = field(default=3e-4, metadata=_at_least(0.0, strict=True))
     #: optimizer steps of linear warm-up
     warmup_steps: int = field(default=0, metadata=_at_least(0))
     #: after warm-up: "constant", or "cosine" decay to ``min_learning_rate_ratio`` of the peak at the last
     #: optimizer step (``steps * updates_per_step``)
     lr_schedule: str = field(default="constant", metadata=_choice(*LR_SCHEDULES))
+    #: the cosine schedule's final learning rate as a share of the peak
     min_learning_rate_ratio: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
+    #: AdamW's decoupled weight decay
     weight_decay: float = field(default=0.0, metadata=_at_least(0.0))
+    #: AdamW's beta2 (beta1 is 0.9); 0.999 as torch's default, lower (e.g. 0.95) adapts faster to the
+    #: changing RL loss
     adam_beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+    #: the gradient's global norm is clipped to this before every optimizer update
     grad_clip: float = field(default=1.0, metadata=_at_least(0.0, strict=True))
+    #: decay of an exponential moving average of the trained weights, saved and evaluated as the tuned
+    #: model (0 = none)
     ema_decay: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    #: seed of everything random in the run (prompts, noise, training draws), per step and sample, so runs
+    #: on 1 or N processes see the same data
     seed: int = field(default=0, metadata=_at_least(0))
+    #: torch's CPU threads (0 = torch's default); 1 for each of two processes on a 2-core machine
     threads: int = field(default=0, metadata=_at_least(0))
     #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
     #: ``on_error: skip_batch`` reward failed) before the run stops with an error
@@ -103,21 +124,16 @@ class TrainingConfig:
 
 @dataclass
 class DataConfig:
-    """Training prompts: ``shapes-train`` or ``video-shapes-train`` (the shipped splits of the shapes
-    and moving-shapes worlds) or a ``.jsonl``/``.txt`` file.
+    """Training prompts and how each step draws them ("balanced" weighs every task as a per-task average
+    score such as GenEval's does)."""
 
-    ``sampling``: "uniform" draws every prompt equally often; "balanced" gives
-    every ``tag`` (task) the same share of draws, as a per-task average score
-    such as GenEval's weighs them (the shapes train split is 74% colour
-    attribution prompts and 1% single-object prompts).
-
-    ``task_weights`` (with "balanced"): relative shares per tag, 1 for a tag not
-    named, e.g. ``{single_object: 0.5, colors: 0.5}`` draws the two tasks the
-    base already solves half as often as each other task.
-    """
-
+    #: training prompts: shapes-train, video-shapes-train (the shipped splits) or a .jsonl (records with
+    #: prompt, tag, ...) / .txt (one prompt a line) file
     prompts: str = "shapes-train"
+    #: uniform: every prompt equally often; balanced: every task (tag) the same share of draws (the shapes
+    #: train split is 74% colour attribution)
     sampling: str = field(default="uniform", metadata=_choice("uniform", "balanced"))
+    #: with balanced sampling: relative share per tag (1 for a tag not named), e.g. {single_object: 0.5}
     task_weights: dict[str, float] = field(default_factory=dict)
 
 
@@ -125,29 +141,38 @@ class DataConfig:
 class LoggingConfig:
     """Where the run goes and how often it reports."""
 
+    #: the run's folder: config.yaml, metrics.jsonl, curves.png, samples/, eval/, checkpoints/, model/,
+    #: summary.json
     output_dir: str = "runs/shapes_nft"
+    #: also log to tensorboard or wandb (through Accelerate); none = the run folder only
     tracker: str = field(default="none", metadata=_choice("none", "tensorboard", "wandb"))
+    #: every this many steps, a grid of training samples in samples/ (0 = never)
     sample_every: int = field(default=10, metadata=_at_least(0))
+    #: every this many steps, a checkpoint to resume from (0 = only at the end)
     checkpoint_every: int = field(default=10, metadata=_at_least(0))
+    #: checkpoints kept; older ones are deleted once a newer one is verified
     keep_checkpoints: int = field(default=2, metadata=_at_least(1))
+    #: progress bars on the terminal
     progress: bool = True
 
 
 @dataclass
 class EvaluationConfig:
-    """Held-out GenEval-style evaluation (shapes models): before training, every ``every`` steps, at the end.
+    """Held-out GenEval-style evaluation (shapes models): before training, every ``every`` steps, at the end."""
 
-    ``world``: ``shapes`` (images) or ``video_shapes`` (clips) — whose test
-    prompts and verifier judge the model; None = the world of ``data.prompts``
-    (``shapes`` for a prompt file).
-    """
-
+    #: whose held-out prompts and verifier judge the model: shapes (images) or video_shapes (clips); None =
+    #: the world of data.prompts
     world: str | None = field(default=None, metadata=_choice(None, "shapes", "video_shapes"))
 
+    #: evaluate the tuned model every this many steps (0 = only before and after training)
     every: int = field(default=0, metadata=_at_least(0))
+    #: held-out images per task (GenEval-style score = the mean over tasks)
     images_per_task: int = field(default=64, metadata=_at_least(1))
+    #: Euler steps of the evaluation's sampling
     num_steps: int = field(default=20, metadata=_at_least(1))
+    #: CFG scales the tuned model is evaluated at, at the end (1 = none)
     guidance_scales: list[float] = field(default_factory=lambda: [1.0])
+    #: CFG scales the base model is evaluated at, before training
     base_guidance_scales: list[float] = field(default_factory=lambda: [1.0, 3.0])
 
 
@@ -158,15 +183,26 @@ class TrainConfig:
 
     #: the backend's own config dataclass (:mod:`flowrl.models`), chosen by ``model.backend``
     model: Any
+    #: how rollouts sample
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    #: reward name -> weight, or -> {weight, settings, key, on_error, timeout} (see docs/rewards.md); the
+    #: total is their weighted sum
     rewards: dict[str, Any] = field(default_factory=lambda: {"shapes_verifier": 1.0})
+    #: sum: advantages of the weighted total; gdpo: each reward normalised in its group first, then summed
+    #: (GDPO)
     reward_aggregation: str = field(default="sum", metadata=_choice("sum", "gdpo"))
     #: the algorithm's own config dataclass (:mod:`flowrl.algorithms`), chosen by ``algorithm.name``
     algorithm: AlgorithmConfig
+    #: batch sizes, steps and optimisation
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    #: training prompts and how they are drawn
     data: DataConfig = field(default_factory=DataConfig)
+    #: where the run goes and how often it reports
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: held-out evaluation
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    #: continue a run: latest (its newest verified checkpoint) or a checkpoint folder; only run length and
+    #: reporting may change
     resume: str | None = None
 
     @property

@@ -79,3 +79,10 @@ def test_a_misspelt_reward_key_is_refused_at_config_time():
     ):
         load_config("configs/shapes_nft.yaml", ["rewards={v: {reward: shapes_verifier, key: partal}}"])
     assert load_config("configs/shapes_nft.yaml", ["rewards={v: {reward: shapes_verifier, key: strict}}"])
+
+
+def test_an_optional_bounded_key_may_be_written_null():
+    """``sampler.time_shift: null`` (its default, written out as ``flowrl config`` prints it) was a TypeError."""
+    assert load_config(None, ["sampler.time_shift=null"]).sampler.time_shift is None
+    with pytest.raises(ConfigError, match=r"sampler.time_shift=0.0 is not allowed; it must be > 0"):
+        load_config(None, ["sampler.time_shift=0"])

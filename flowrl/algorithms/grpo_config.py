@@ -39,9 +39,13 @@ class GRPOConfig(AlgorithmConfig):
     #: steps ``[start, start + size)`` are stochastic (0 = all but the last); with ``sde_window_slide``
     #: the window moves ``sde_window_stride`` steps every ``sde_window_every`` iterations (MixGRPO)
     sde_window_size: int = field(default=0, metadata=at_least(0))
+    #: first stochastic step of the SDE window
     sde_window_start: int = field(default=0, metadata=at_least(0))
+    #: slide the SDE window over the steps as training goes (MixGRPO)
     sde_window_slide: bool = False
+    #: steps the sliding window moves each time
     sde_window_stride: int = field(default=1, metadata=at_least(1))
+    #: iterations between moves of the sliding window
     sde_window_every: int = field(default=1, metadata=at_least(1))
     #: train the CFG-guided velocity (sampler.guidance_scale) with the unconditional branch detached
     train_guidance: bool = False
@@ -102,7 +106,10 @@ class BranchGRPOConfig(GRPOConfig):
     kl_weight: float = field(default=0.0, metadata=at_least(0.0))
     noise_level: float = field(default=0.3, metadata=at_least(0.0, strict=True))
     sde_variant: str = field(default="dance", metadata=choice(*SDE_VARIANTS))
+    #: steps at which every node of the tree branches (their count and branching give group_size =
+    #: branching ** len(split_steps))
     split_steps: list[int] = field(default_factory=lambda: [0, 2, 4])
+    #: children per node at each split step
     branching: int = field(default=2, metadata=at_least(2))
     #: the noise level of split steps (None = ``noise_level``); a consistent alternative to the scale below
     split_noise_level: float | None = None
@@ -111,6 +118,8 @@ class BranchGRPOConfig(GRPOConfig):
     split_noise_scale: float = field(default=4.0, metadata=at_least(0.0, strict=True))
     #: the last step (to t = 0) is stochastic and trained, as in the reference (no SDE window only)
     train_last_step: bool = True
+    #: an internal node's reward: the mean of its leaves' rewards, or fusion (children weighted by the
+    #: softmax of their transition log-probs)
     node_reward: str = field(default="mean", metadata=choice("mean", "fusion"))
     #: depth-wise advantages: ``sample`` std (n - 1) + 1e-8 and 0 below a std of 1e-6 (the reference), or
     #: flowrl's earlier ``population`` std + 1e-4
@@ -120,8 +129,11 @@ class BranchGRPOConfig(GRPOConfig):
     #: ``depth_pruning_interval`` iterations until the shallowest reaches ``depth_pruning_stop_depth``
     #: (None = the last split step)
     depth_pruning: list[int] = field(default_factory=list)
+    #: slide the pruned depths one shallower every depth_pruning_interval iterations
     depth_pruning_slide: bool = False
+    #: iterations between slides of the pruned depths
     depth_pruning_interval: int = field(default=30, metadata=at_least(1))
+    #: the sliding stops once the shallowest pruned depth reaches this (None = the last split step)
     depth_pruning_stop_depth: int | None = field(default=None, metadata=at_least(0))
     #: width pruning of the transitions after the last split (the reference's modes): ``none``,
     #: ``best_half`` (mode 1: the best half of each branch), ``best_and_worst`` (mode 2: the best and worst
@@ -133,7 +145,9 @@ class BranchGRPOConfig(GRPOConfig):
     #: flowrl's depth window (a variant): train only edges into depths ``[start, start + size)`` (0 = all),
     #: sliding deeper by one per iteration and wrapping with ``depth_window_slide``
     depth_window_size: int = field(default=0, metadata=at_least(0))
+    #: first trained depth of the depth window
     depth_window_start: int = field(default=0, metadata=at_least(0))
+    #: slide the depth window one deeper per iteration, wrapping around
     depth_window_slide: bool = False
 
     def check(self, config: TrainConfig) -> None:

@@ -52,12 +52,16 @@ class NFTConfig(ForwardProcessConfig):
     old_update: str = field(default="soft", metadata=choice("soft", "hard", "delayed"))
     #: soft/delayed schedules: ``eta = min(old_decay_start + old_decay_rate * n, old_decay_max)``
     old_decay_start: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    #: soft/delayed: eta's growth per count n
     old_decay_rate: float = field(default=0.001, metadata=at_least(0.0))
+    #: soft/delayed: eta's ceiling (1 freezes the old policy once reached)
     old_decay_max: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     #: soft: the old policy is a plain copy (eta = 0) for the first ``old_flat_steps`` counts, then the ramp
     #: starts from there (the reference's decay_type 2 uses 75 with rate 0.0075 and max 0.999)
     old_flat_steps: int = field(default=0, metadata=at_least(0))
     #: what ``n`` counts: optimizer ``updates`` (the reference's global_step) or training ``steps``
     old_decay_counter: str = field(default="updates", metadata=choice("updates", "steps"))
+    #: hard: steps between copies of theta into the old policy
     old_update_every: int = field(default=10, metadata=at_least(1))
+    #: delayed: steps with no old-policy update before the soft schedule starts
     old_delay_steps: int = field(default=20, metadata=at_least(0))

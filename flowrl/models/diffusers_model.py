@@ -48,18 +48,27 @@ class DiffusersModelConfig:
     ``from_pretrained`` id (read from the local HF cache when offline) or pipeline directory, trained
     through peft LoRA adapters (``lora_rank: 0`` = full fine-tuning of the transformer)."""
 
+    #: a diffusers from_pretrained id (read from the local Hugging Face cache when offline) or a pipeline
+    #: directory
     name: str = ""
+    #: the backend (a name registered in flowrl.models): sd3, flux, wan, shapes
     backend: str = "sd3"
     #: the frozen weights' dtype; trainable LoRA weights stay float32
     dtype: str = field(default="float32", metadata=choice(*DTYPES))
+    #: image height in pixels (a multiple of the VAE's factor x the patch size)
     height: int = field(default=512, metadata=at_least(16))
+    #: image width in pixels
     width: int = field(default=512, metadata=at_least(16))
     #: T5 text length in tokens (None = the model's default: 256 for SD3, 512 for FLUX and Wan)
     max_sequence_length: int | None = field(default=None, metadata=at_least(1))
+    #: rank of the peft LoRA adapters on the transformer (0 = full fine-tuning)
     lora_rank: int = field(default=32, metadata=at_least(0))
+    #: LoRA scaling alpha (the update is alpha / rank x B A)
     lora_alpha: float = field(default=64.0, metadata=at_least(0.0, strict=True))
     #: module name suffixes to adapt (empty = the attention projections of every block)
     lora_target_modules: list[str] = field(default_factory=list)
+    #: recompute the transformer's activations in the backward pass (less memory, about a third more
+    #: compute)
     gradient_checkpointing: bool = False
     #: a diffusers attention backend (``native`` = PyTorch SDPA, ``xformers``, ``flash``, ...); None = default
     attention_backend: str | None = None

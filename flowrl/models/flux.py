@@ -33,6 +33,7 @@ from flowrl.models.noise import seeded_noise
 class FluxModelConfig(DiffusersModelConfig):
     """The ``model`` section of ``backend: flux``: the diffusers keys plus FLUX.1-dev's guidance input."""
 
+    #: the backend: flux
     backend: str = "flux"
     #: FLUX.1-dev's embedded guidance value (models without a guidance input ignore it)
     guidance: float = field(default=3.5, metadata=at_least(0.0))

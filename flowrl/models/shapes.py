@@ -62,7 +62,9 @@ class ShapesModelConfig:
     """The ``model`` section of ``backend: shapes``: a shipped shapes model name (``shapes-base``,
     ``shapes-meanflow``, ``shapes-video``) or a saved ShapesDiT directory."""
 
+    #: a shipped shapes model (shapes-base, shapes-meanflow, shapes-video) or a saved ShapesDiT directory
     name: str = "shapes-base"
+    #: the backend (a name registered in flowrl.models): shapes, sd3, flux, wan
     backend: str = "shapes"
     #: the shapes model trains in float32 only
     dtype: str = field(default="float32", metadata=choice(*DTYPES))

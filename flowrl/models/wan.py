@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class WanModelConfig(DiffusersModelConfig):
     """The ``model`` section of ``backend: wan``: the diffusers keys plus the clip length."""
 
+    #: the backend: wan
     backend: str = "wan"
     #: frames per clip, 4k+1 (the VAE folds 4 frames into a latent after the first; 1 = single frames)
     num_frames: int = field(default=81, metadata=at_least(1))
