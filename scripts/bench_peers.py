@@ -1,6 +1,6 @@
 """flowrl against the reference trainers at equal work, interleaved, on one saved tiny SD3 pipeline.
 
-The equal-work setting (issue 23): the tiny random-weight SD3 pipeline of ``flowrl.testing`` at 64x64,
+The equal-work setting: the tiny random-weight SD3 pipeline of ``flowrl.testing`` at 64x64,
 LoRA rank 32 / alpha 64 on the attention projections, float32, the JPEG-compressibility reward, 2
 prompts x 4 images per step, 10 sampling steps, 9 trained timesteps, one optimizer step per step;
 Flow-GRPO with CFG 4.5 and its KL term, DiffusionNFT CFG-free with a 2nd-order solver. flowrl's side

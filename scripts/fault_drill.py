@@ -480,7 +480,7 @@ BAD_CONFIGS: list[tuple[str, str | None, list[str]]] = [
         "training: !!python/object/apply:os.system [echo pwned]\n",
         [],
     ),
-    # issue 32: bounded YAML, values checked before the folder is claimed
+    # bounded YAML, values checked before the folder is claimed
     *[
         (f"override {o}", None, [o])
         for o in (

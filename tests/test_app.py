@@ -1,5 +1,5 @@
 """The demo app's functions, without a browser: correct scores, run discovery, every error as a message,
-and only the runs it offers loaded (the exploits of issue 22, each refused)."""
+and only the runs it offers loaded (each exploit found against it refused)."""
 
 import time
 from pathlib import Path
@@ -137,7 +137,7 @@ def test_run_overview_draws_the_curves_of_the_run(run, tiny_model_dir, catalog):
         ("   ", "Enter a prompt"),
         ("a red elephant", "does not know the word(s) 'elephant'"),
         ("circle a red", "is not a sentence of the shapes grammar"),
-        ("a red circle " * 160_000, "The prompt is 2,080,000 characters"),  # issue 32, item 10: not echoed
+        ("a red circle " * 160_000, "The prompt is 2,080,000 characters"),  # not echoed
     ],
 )
 def test_bad_prompts_are_messages(run, catalog, prompt, message):
@@ -170,7 +170,7 @@ def test_bad_settings_are_messages(run, catalog):
     assert "number of steps must be between 1 and 100" in _error(catalog, run, num_steps=1000)
     assert "Unknown sampler 'rk4'" in _error(catalog, run, sampler="rk4")
     assert "seed must be at least 0, got -1" in _error(catalog, run, seed=-1)
-    for scale in (float("nan"), float("inf"), 1e308, -1.0):  # issue 32, item 10
+    for scale in (float("nan"), float("inf"), 1e308, -1.0):
         assert "CFG scales must be finite numbers from 0 to 20" in _error(catalog, run, tuned_cfg=scale)
 
 
@@ -215,7 +215,7 @@ def test_flowrl_demo_hands_its_arguments_to_the_app(capsys):
     assert exit_info.value.code == 0 and "usage: flowrl demo" in capsys.readouterr().out
 
 
-# --- Issue 22: the app loads only what it offers, and a run's config names no code unless trusted.
+# --- The app loads only what it offers, and a run's config names no code unless trusted.
 
 
 def test_a_run_outside_the_root_is_refused_without_naming_it(

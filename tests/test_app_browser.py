@@ -169,7 +169,7 @@ def _call(url: str, api_name: str, *data: Any) -> tuple[str, Any]:
 
 
 def test_the_http_api_loads_only_offered_runs_and_runs_no_run_code(tmp_path, tiny_model, tiny_model_dir):
-    # Issue 22's exploit: a run folder whose config.yaml makes the reward registry run a shell command,
+    # An exploit found against the app: a run folder whose config.yaml makes the reward registry run a shell command,
     # submitted as the tuned model through the API (which bypasses the page's dropdown).
     marker = tmp_path / "pwned"
     shell = {"pwn": {"reward": "subprocess:Popen", "settings": {"args": f"touch {marker}", "shell": True}}}
@@ -204,7 +204,7 @@ def test_the_http_api_loads_only_offered_runs_and_runs_no_run_code(tmp_path, tin
 
 
 def test_the_server_answers_only_its_own_page_and_caps_request_bodies(tmp_path, tiny_model, tiny_model_dir):
-    """Issue 32, item 10: another site's request (by its Origin, or a DNS-rebinding page by its Host) is
+    """Another site's request (by its Origin, or a DNS-rebinding page by its Host) is
     refused before Gradio queues anything, and a body over the app's cap is refused."""
     root = tmp_path / "runs"
     run = make_run(root / "run", tiny_model_dir, tiny_model)

@@ -1,4 +1,4 @@
-"""Issue 32 in the demo: only what lies inside the runs folder is read (every entry of a run, the base model a
+"""In the demo only what lies inside the runs folder is read (every entry of a run, the base model a
 checkpoint loads on), a run cannot make the app send requests, and a bad run folder is listed with its reason
 while the others keep serving."""
 
@@ -29,7 +29,7 @@ def run(tmp_path, tiny_model, tiny_model_dir):
 
 
 def test_a_checkpoint_loads_only_on_an_offered_base_model(catalog, tmp_path, tiny_model, tiny_model_dir):
-    """Issue 32, item 4: a run's config.yaml cannot make the app read a model directory it does not offer."""
+    """A run's config.yaml cannot make the app read a model directory it does not offer."""
     elsewhere = tmp_path / "elsewhere" / "model"
     shutil.copytree(tiny_model_dir, elsewhere)
     run = make_run(catalog.root / "pointing", tiny_model_dir, tiny_model)
@@ -53,7 +53,7 @@ def test_a_checkpoint_loads_only_on_an_offered_base_model(catalog, tmp_path, tin
 def test_any_file_symlinked_out_of_the_root_keeps_the_run_out(
     catalog, tmp_path, tiny_model, tiny_model_dir, where
 ):
-    """Issue 32, item 5: every entry of a run, at any depth, must resolve inside the runs root."""
+    """Every entry of a run, at any depth, must resolve inside the runs root."""
     run = make_run(catalog.root / "leaky", tiny_model_dir, tiny_model)
     secret = tmp_path / "elsewhere" / "secret"
     secret.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ def test_any_file_symlinked_out_of_the_root_keeps_the_run_out(
 def test_bad_run_folders_are_listed_with_their_reason_and_the_good_ones_still_serve(
     catalog, run, tmp_path, tiny_model, tiny_model_dir
 ):
-    """Issue 32, item 9: a malformed config.yaml, a malformed model/config.json, a dangling symlink out of the
+    """A malformed config.yaml, a malformed model/config.json, a dangling symlink out of the
     root: each run is left out with a one-line reason, at start-up or appearing later, and the others work."""
     bomb = make_run(catalog.root / "bomb", tiny_model_dir, tiny_model)
     (bomb / "config.yaml").write_text("a: &a [1]\nb: [*a, *a]\n")
@@ -97,7 +97,7 @@ def test_bad_run_folders_are_listed_with_their_reason_and_the_good_ones_still_se
 
 @pytest.mark.parametrize("nested", [False, True])
 def test_a_run_cannot_make_the_app_send_requests_unless_trusted(catalog, tiny_model, tiny_model_dir, nested):
-    """Issue 32, item 6: the registered ``remote`` reward with the run's URL (directly, or built by name inside
+    """The registered ``remote`` reward with the run's URL (directly, or built by name inside
     another reward's settings) is refused before any connection, and the URL is not echoed."""
     requests = []
 

@@ -1,4 +1,4 @@
-"""Issue 32, items 7, 8 and 14: what a file describes is bounded before it is built. YAML everywhere flowrl
+"""What a file describes is bounded before it is built. YAML everywhere flowrl
 reads it (a config, an override, a run's config.yaml in the demo): no aliases, a size and a depth cap, plain
 keys, typed tags that fail as one line; a model's config.json: known fields within limits and an
 architecture counted before it is allocated."""
@@ -85,7 +85,7 @@ HUGE = {"hidden_size": 8192, "depth": 128}
     ],
 )
 def test_a_model_config_is_bounded_before_anything_is_allocated(tmp_path, tiny_model_dir, change, message):
-    """Issue 32, item 8: a 1 KB ``config.json`` cannot make the loader allocate gigabytes (the architecture
+    """A 1 KB ``config.json`` cannot make the loader allocate gigabytes (the architecture
     is counted on the meta device and refused above the bound) or fail with a traceback."""
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -73,7 +73,7 @@ def test_defaults_cycles_and_missing_files_are_errors(tmp_path):
 
 
 def test_a_misspelt_reward_key_is_refused_at_config_time():
-    """Issue 32, item 15: a sub-score the reward does not return, named before any model loads."""
+    """A sub-score the reward does not return, named before any model loads."""
     with pytest.raises(
         ConfigError, match=r"key='partal' is not allowed; expected one of \['partial', 'strict'\]"
     ):

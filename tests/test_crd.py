@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from flowrl.algorithms.crd import CRD, crd_loss, group_centred, velocity_error
-from flowrl.algorithms.nft import optimality_probability, pixel_mean
+from flowrl.algorithms.forward_process import pixel_mean
+from flowrl.algorithms.nft import optimality_probability
 from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
 from flowrl.policy import OLD, REFERENCE, ROLLOUT, make_policy

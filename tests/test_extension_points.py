@@ -214,3 +214,19 @@ def test_a_key_of_another_algorithm_is_an_error_and_a_changed_name_starts_the_se
     # shapes_flowgrpo.yaml extends shapes_nft.yaml but names flow_grpo: none of NFT's keys are inherited
     config = load_config("configs/shapes_flowgrpo.yaml")
     assert config.algorithm.name == "flow_grpo" and not hasattr(config.algorithm, "train_timesteps")
+
+
+def test_every_registered_backend_declares_the_whole_backend_contract():
+    """What the trainer, the policy and evaluation ask of a backend is declared in ``FlowModel`` (the
+    protocol), and every registered backend class provides it (``network`` is set per instance)."""
+    from flowrl.models import FlowModel
+
+    members = {name for name in vars(FlowModel) if not name.startswith("_")} | set(FlowModel.__annotations__)
+    members -= {"network"}
+    assert {"is_video", "renders_world", "config_class", "velocity", "decode"} <= members
+    for name, backend in BACKENDS.items():
+        declared = {key for klass in backend.__mro__ for key in getattr(klass, "__annotations__", {})}
+        missing = sorted(
+            member for member in members if not hasattr(backend, member) and member not in declared
+        )
+        assert not missing, f"backend {name!r} lacks {missing}"

@@ -1,4 +1,4 @@
-"""Issue 22's failures, each reproduced the way it was found: a failing reward doesn't kill a run unless
+"""Failures found by probing flowrl, each reproduced the way it was found: a failing reward doesn't kill a run unless
 told to, and bad input or a failure during a run is one clear line."""
 
 import os
@@ -240,7 +240,7 @@ def test_a_busy_cpu_is_warned_about(monkeypatch):
     ],
 )
 def test_bad_inputs_are_one_line_before_any_file_is_written(tmp_path, capsys, prompts, override, message):
-    """Issue 32, items 14 and 15: checked before the run folder exists or a model loads."""
+    """Checked before the run folder exists or a model loads."""
     overrides = [f"logging.output_dir={tmp_path / 'run'}"]
     if prompts is not None:
         path = tmp_path / ("prompts.txt" if prompts == "" else "prompts.jsonl")
@@ -265,7 +265,7 @@ def test_bad_inputs_are_one_line_before_any_file_is_written(tmp_path, capsys, pr
     ],
 )
 def test_the_other_subcommands_refuse_non_finite_or_empty_work(tmp_path, capsys, argv):
-    """Issue 32, item 16: no black images with NaN scores, no untrained model written."""
+    """No black images with NaN scores, no untrained model written."""
     out = tmp_path / "out"
     try:
         code = main([*argv, "--out", str(out)])

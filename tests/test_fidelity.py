@@ -1,4 +1,4 @@
-"""Parity with the reference implementations (issue 20): each formula re-derived here independently,
+"""Parity with the reference implementations: each formula re-derived here independently,
 typed from the papers or the reference code's description (never imported), and checked against flowrl
 on random tensors. The references: Flow-GRPO (yifan123/flow_grpo: ``train_sd3.py``,
 ``sd3_sde_with_logprob.py``), DiffusionNFT (NVlabs/DiffusionNFT ``train_nft_sd3.py``), BranchGRPO

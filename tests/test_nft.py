@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from flowrl.algorithms.nft import nft_loss, old_policy_decay, optimality_probability, training_times
+from flowrl.algorithms.forward_process import training_times
+from flowrl.algorithms.nft import nft_loss, old_policy_decay, optimality_probability
 from flowrl.algorithms.nft_config import NFTConfig
 from samplers import timesteps
 
@@ -16,7 +17,7 @@ def test_optimality_probability_maps_clipped_advantages_to_unit_interval():
 
 
 def direct_nft_loss(v_theta, v_old, v_ref, x_t, x0, t, advantages, beta, c, lam):
-    """The DESIGN.md formula written out sample by sample, in float64."""
+    """The DiffusionNFT loss of flowrl.algorithms.nft's docstring written out sample by sample, in float64."""
     losses = []
     for i in range(x0.shape[0]):
         r = min(max(advantages[i].item(), -c), c) / (2 * c) + 0.5

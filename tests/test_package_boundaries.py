@@ -1,4 +1,4 @@
-"""The package boundaries of DESIGN.md and docs/ARCHITECTURE.md, checked on the source text (no imports run).
+"""The package boundaries of docs/ARCHITECTURE.md, checked on the source text (no imports run).
 
 - ``rewards`` and ``samplers`` never import ``flowrl``; samplers depend on torch only;
 - the world specification (``rewards/world_spec.py``) is a leaf: standard library only;

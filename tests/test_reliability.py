@@ -1,4 +1,4 @@
-"""Issue 22's failures, each reproduced the way it was found: nothing in a checkpoint runs code, no run
+"""Failures found by probing flowrl, each reproduced the way it was found: nothing in a checkpoint runs code, no run
 history is lost or mixed, non-finite numbers never train or get saved (faults in rewards and one-line
 errors: test_faults_and_errors.py)."""
 
@@ -266,7 +266,7 @@ def test_a_non_finite_loss_skips_its_update_and_too_many_in_a_row_stop_the_run(t
 def test_a_checkpoint_that_cannot_resume_is_refused_before_anything_is_written(
     tmp_path, tiny_model_dir, fault
 ):
-    """Issue 32, items 14 and 15: ``resume=<path>`` to a checkpoint holding a pickled object, or lacking a
+    """``resume=<path>`` to a checkpoint holding a pickled object, or lacking a
     part, is one line before the model loads or the (new) run folder holds anything but its lock."""
     marker = tmp_path / "pwned"
     checkpoint = tmp_path / "elsewhere" / "step_000003"

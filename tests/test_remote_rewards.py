@@ -436,7 +436,7 @@ def test_bad_settings_are_one_line_errors():
     ],
 )
 def test_malformed_verifier_metadata_is_a_client_error_that_echoes_nothing(metadata, message):
-    """Issue 32, item 12: 4xx (final, the request's fault), not 500, and nothing of the input in the answer."""
+    """4xx (final, the request's fault), not 500, and nothing of the input in the answer."""
     reward = build_reward("shapes_verifier")
     images = quantized_images()
     with running_server("shapes_verifier", reward) as url:

@@ -1,4 +1,4 @@
-"""Issue 32, items 1 to 3: one live run per run folder, and a resumed run reads what it was trained with. Two runs started at once into one folder, or a
+"""One live run per run folder, and a resumed run reads what it was trained with. Two runs started at once into one folder, or a
 resume into a run that is still going, are refused with one line naming the live process; the live run's
 files (its half-written checkpoint included) are left alone."""
 
@@ -84,7 +84,7 @@ def test_two_runs_started_at_once_into_one_folder_one_trains_the_other_is_refuse
 
 
 def test_resume_refuses_a_prompts_file_or_model_directory_changed_at_the_same_path(tmp_path, tiny_model_dir):
-    """Issue 32, item 3: the contents of the inputs read by path are fingerprinted (sha256) in every
+    """The contents of the inputs read by path are fingerprinted (sha256) in every
     checkpoint's manifest and compared on resume; the same path with other contents is refused."""
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -1,6 +1,6 @@
 """Property tests of samplers/ on fields whose exact solution is known.
 
-Longer than 400 lines on purpose: every sampler's property tests in one place, as DESIGN.md lists them.
+Longer than 400 lines on purpose: every sampler's property tests in one place, as the samplers' contract lists them.
 """
 
 import math

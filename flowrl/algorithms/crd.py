@@ -72,15 +72,8 @@ import torch.nn.functional as F
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import StepEnd, TrainBatch, weighted_mean, whole_groups
 from flowrl.algorithms.crd_config import CRDConfig
-from flowrl.algorithms.nft import (
-    ADAPTIVE_WEIGHT_MIN,
-    DiffusionNFT,
-    delayed_decay,
-    noised_samples,
-    old_policy_decay,
-    optimality_probability,
-    pixel_mean,
-)
+from flowrl.algorithms.forward_process import ADAPTIVE_WEIGHT_MIN, noised_samples, pixel_mean
+from flowrl.algorithms.nft import DiffusionNFT, delayed_decay, old_policy_decay, optimality_probability
 from flowrl.policy import OLD, REFERENCE, ROLLOUT
 
 if TYPE_CHECKING:

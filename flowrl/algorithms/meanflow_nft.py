@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, weighted_mean
+from flowrl.algorithms.forward_process import noised_samples, pixel_mean
 from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
-from flowrl.algorithms.nft import DiffusionNFT, nft_loss, noised_samples, optimality_probability, pixel_mean
+from flowrl.algorithms.nft import DiffusionNFT, nft_loss, optimality_probability
 from samplers import VelocityFn, induced_velocity, interval_pairs, meanflow_sample
 
 if TYPE_CHECKING:

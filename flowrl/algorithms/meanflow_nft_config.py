@@ -24,7 +24,7 @@ class MeanFlowNFTConfig(NFTConfig):
     meanflow_step: float = field(default=5e-3, metadata=at_least(0.0, strict=True))
     #: which interval ``[r, t]`` is trained (module docstring of the algorithm)
     meanflow_interval: str = field(default="pairs", metadata=choice("pairs", "grid", "equal", "uniform"))
-    #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws, DESIGN.md section 6)
+    #: ``pairs``: shares of rows with r = t and with r = 0 (MeanFlow's own draws)
     meanflow_equal_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     #: pairs: share of rows with r = 0 (the one-step map from t)
     meanflow_zero_share: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0})

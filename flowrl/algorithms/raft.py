@@ -26,7 +26,12 @@ import torch
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean, whole_groups
-from flowrl.algorithms.nft import ADAPTIVE_WEIGHT_MIN, ForwardProcessAlgorithm, noised_samples, pixel_mean
+from flowrl.algorithms.forward_process import (
+    ADAPTIVE_WEIGHT_MIN,
+    ForwardProcessAlgorithm,
+    noised_samples,
+    pixel_mean,
+)
 from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.policy import ROLLOUT
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flowrl.algorithms.nft_config import ForwardProcessConfig
+from flowrl.algorithms.forward_process_config import ForwardProcessConfig
 from flowrl.config_schema import ConfigError, at_least
 
 if TYPE_CHECKING:

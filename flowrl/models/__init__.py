@@ -44,9 +44,15 @@ if TYPE_CHECKING:
 class FlowModel(Protocol):
     """What a backend gives a policy (module docstring)."""
 
+    #: the dataclass of the backend's ``model`` section
     config_class: type
+    #: whether the held-out evaluation can render and verify its samples (the shapes worlds)
     renders_world: bool
+    #: whether samples are clips ``[T, C, H, W]`` rather than images
+    is_video: bool
+    #: samples per generation batch (evaluation, the app)
     generate_batch_size: int
+    #: the trained network (its copies live in the policy's weight copies)
     network: nn.Module
 
     @classmethod

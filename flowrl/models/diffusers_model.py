@@ -91,9 +91,13 @@ class DiffusersFlowModel:
     config_class: ClassVar[type] = DiffusersModelConfig
     #: the held-out evaluation renders a shapes world: not for these models
     renders_world: ClassVar[bool] = False
+    #: images (SD3, FLUX); Wan's clips say True
+    is_video: ClassVar[bool] = False
     mean_flow: ClassVar[bool] = False
     #: images per generation batch
     generate_batch_size: ClassVar[int] = 16
+    #: where the pipeline's modules are (set by ``to``)
+    device: torch.device
 
     def __init__(
         self,

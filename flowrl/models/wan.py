@@ -54,6 +54,7 @@ class WanModel(DiffusersFlowModel):
 
     pipeline_class_name = "WanPipeline"
     config_class = WanModelConfig
+    is_video = True
     default_max_sequence_length = 512
     default_lora_targets = (
         "attn1.to_q",
