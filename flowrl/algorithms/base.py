@@ -27,7 +27,7 @@ the rows of its optimizer update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -102,6 +102,9 @@ class Algorithm:
 
     #: loss passes per batch (e.g. DiffusionNFT's training timesteps); gradients accumulate over them
     passes: int = 1
+    #: the keys this algorithm adds to every step's metrics (its loss statistics, rows' and step end's
+    #: logs), each with one line saying what it is (:mod:`flowrl.metric_keys`; a test checks a run's)
+    metric_keys: ClassVar[dict[str, str]] = {}
     #: the weight copies the policy keeps besides the trained weights and the frozen reference:
     #: ``old`` (the anchor / behaviour policy), ``rollout`` (a separate rollout copy; else ``old`` samples)
     copies: tuple[str, ...] = ("old",)

@@ -64,7 +64,7 @@ earlier variant, whose training reward cannot move during the delay).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -158,6 +158,17 @@ def crd_loss(
 
 class CRD(DiffusionNFT):
     """CRD as a trainer algorithm: DiffusionNFT's rollouts, rows and draws; the CRD loss; two schedules."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        "crd/matching_loss": "(c / beta) times the matching of beta l_c to r_c, mean over rows",
+        "crd/anchor_mse": "||v_theta - v_anchor||^2 to the CFG-guided base velocity",
+        "crd/anchor_strength": "the anchor's weight per row (anchor_weight x schedule x adaptive factor), mean",
+        "crd/reward_level": "the step's mean raw reward mapped by anchor_reward_range to [0, 1]",
+        "crd/log_ratio_std": "standard deviation of the implicit log-ratio l over the rows",
+        "crd/optimality_probability": "r = clip(A, -c, c) / (2c) + 1/2, mean over rows",
+        "crd/old_decay": "eta of the old policy's update this step (-1: no update)",
+        "crd/rollout_decay": "eta of the rollout copy's update this step (-1: no update)",
+    }
 
     config: CRDConfig
     copies = (OLD, ROLLOUT)

@@ -10,7 +10,7 @@ code does (``trained_steps: first``), or a random subset per sample
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 class FlowGRPO(GRPOAlgorithm):
     """Flat Flow-GRPO: rows are samples, one pass per trained SDE step (module docstring)."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        **GRPOAlgorithm.metric_keys,
+        "grpo/dropped_samples": "share of samples in groups of equal rewards, weighted 0 (drop_zero_std_groups)",
+    }
 
     config: FlowGRPOConfig
 

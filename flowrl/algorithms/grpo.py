@@ -23,7 +23,7 @@ steps stochastic and trained, the others ODE. The flat case is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -71,6 +71,15 @@ def sde_window(config: TrainConfig, step: int) -> tuple[int, int] | None:
 
 class GRPOAlgorithm(Algorithm):
     """What both GRPO variants share: on-policy rollouts, the clipped loss of one transition, the copy."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        "grpo/ratio": "the importance ratio pi_theta / pi_old of the trained transitions, mean",
+        "grpo/clip_fraction": "share of transitions whose ratio was clipped (|rho - 1| > clip_range)",
+        "grpo/approx_kl": "(log rho)^2 / 2: an estimate of KL(pi_old || pi_theta)",
+        "grpo/kl_to_reference": "the KL term to the frozen reference on the step means (before kl_weight)",
+        "grpo/policy_loss": "the clipped surrogate -min(rho A, clip(rho) A), mean",
+        "grpo/sde_window_start": "first stochastic step of the SDE window this step (-1: no window)",
+    }
 
     config: GRPOConfig
 

@@ -44,7 +44,7 @@ on the rollout grid (``sampler.num_steps``, typically 4), CFG-free.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -76,6 +76,11 @@ def interval_starts(
 
 class MeanFlowNFT(DiffusionNFT):
     """MeanFlowNFT as a trainer algorithm (module docstring); rows are samples, as DiffusionNFT's."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        **DiffusionNFT.metric_keys,
+        "meanflow/interval": "t - r of the trained intervals (0: the instantaneous velocity), mean over rows",
+    }
 
     config: MeanFlowNFTConfig
 

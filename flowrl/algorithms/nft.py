@@ -26,7 +26,7 @@ for the first ``d`` updates and then soft ("delayed").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -126,6 +126,15 @@ def delayed_decay(step: int, delay: int, start: float, rate: float, maximum: flo
 
 class DiffusionNFT(ForwardProcessAlgorithm):
     """DiffusionNFT as a trainer algorithm: clean ODE rollouts in, the NFT loss out; rows are samples."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        "nft/positive_loss": "the implicit positive policy's x0-space error ||x0+ - x0||^2 / w+, mean over rows",
+        "nft/negative_loss": "the implicit negative policy's x0-space error ||x0- - x0||^2 / w-, mean over rows",
+        "nft/reference_mse": "||v_theta - v_ref||^2 to the frozen base (0 when reference_weight is 0)",
+        "nft/old_deviation": "||v_theta - v_old||^2: how far the trained velocity has moved from the old policy's",
+        "nft/optimality_probability": "r = clip(A, -c, c) / (2c) + 1/2, mean over rows (1/2 when advantages are balanced)",
+        "nft/old_decay": "eta of the old policy's update this step (-1: no update)",
+    }
 
     config: NFTConfig
 

@@ -20,7 +20,7 @@ reaches is what sharpening alone gives.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -66,6 +66,13 @@ def flow_matching_loss(
 
 class RAFT(ForwardProcessAlgorithm):
     """RAFT as a trainer algorithm: ODE rollouts, the best samples of each group, the flow-matching loss."""
+
+    metric_keys: ClassVar[dict[str, str]] = {
+        "raft/fitted_share": "share of the kept samples at or above min_reward, the ones fitted (with min_reward set)",
+        "raft/flow_matching_loss": "the flow-matching loss on the kept samples",
+        "raft/reference_mse": "||v_theta - v_ref||^2 to the frozen base",
+        "raft/kept_reward": "mean total reward of the kept samples",
+    }
 
     config: RAFTConfig
     copies = (ROLLOUT,)
