@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import TrainBatch, TrainRows
 from flowrl.batches import check_batches, update_units
-from flowrl.busy import warn_if_busy
+from flowrl.busy import OtherProcesses, warn_if_busy
 from flowrl.checkpoint import (
     CheckpointError,
     checkpoint_config,
@@ -85,6 +85,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, accelerator: Accelerator | None = None) -> None:
         self.config = config
+        self.other_processes = OtherProcesses()  # their CPU use, measured while this run sets up
         if config.training.threads:
             torch.set_num_threads(config.training.threads)
         tracker = None if config.logging.tracker == "none" else config.logging.tracker
@@ -455,7 +456,7 @@ class Trainer:
         config, acc = self.config, self.accelerator
         if acc.is_main_process:
             if acc.device.type == "cpu":
-                warn_if_busy(torch.get_num_threads(), "flowrl train")
+                warn_if_busy(torch.get_num_threads(), "flowrl train", self.other_processes)
             self.output_dir.mkdir(parents=True, exist_ok=True)
             for leftover in clean_temporaries(self.checkpoint_dir):
                 print(f"removed {leftover}, left by a checkpoint write that did not finish")
