@@ -47,10 +47,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
-    """``flowrl reward-server --reward brightness`` on ``port``, once ``/health`` answers."""
+def start_server(port: int, reward: str = "brightness") -> subprocess.Popen:
+    """``flowrl reward-server --reward <reward>`` on ``port``, once ``/health`` answers."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "flowrl.cli", "reward-server", "--reward", "brightness", "--port", str(port)],
+        [sys.executable, "-m", "flowrl.cli", "reward-server", "--reward", reward, "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=ROOT,

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from drill_demo import demo_scenario  # noqa: E402
-from drill_load import load_scenario  # noqa: E402
+from drill_load import free_port, load_scenario, start_server  # noqa: E402
 
 from flowrl.checkpoint import list_checkpoints, read_checkpoint  # noqa: E402
 from flowrl.run_folder import RUN_FILES  # noqa: E402
@@ -319,43 +319,9 @@ def disk_full_scenario(work: Path, reference: Path) -> list[Outcome]:
         subprocess.run(["umount", str(mount_point)])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _server(port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flowrl.cli",
-            "reward-server",
-            "--reward",
-            "shapes_verifier",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.3)
-    raise RuntimeError("the reward server did not come up")
-
-
 def server_scenario(work: Path, down_seconds: float) -> list[Outcome]:
-    port = _free_port()
-    server = _server(port)
+    port = free_port()
+    server = start_server(port, "shapes_verifier")
     output = work / "server"
     url = f"http://127.0.0.1:{port}"
     rewards = (
@@ -366,7 +332,7 @@ def server_scenario(work: Path, down_seconds: float) -> list[Outcome]:
     server.kill()
     server.wait()
     time.sleep(down_seconds)
-    server = _server(port)
+    server = start_server(port, "shapes_verifier")
     try:
         _, stderr = training.communicate(timeout=600)
     finally:
@@ -665,8 +631,8 @@ def _raw_request(port: int, method: str, path: str, body: bytes, headers: dict[s
 def requests_scenario(work: Path) -> list[Outcome]:
     import httpx
 
-    port = _free_port()
-    server = _server(port)
+    port = free_port()
+    server = start_server(port, "shapes_verifier")
     url = f"http://127.0.0.1:{port}"
     cases = bad_requests()
     clean, failures, slowest = 0, [], 0.0

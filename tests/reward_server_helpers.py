@@ -114,11 +114,16 @@ def raw_exchange(url, request):
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(request)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < content_length(answer):
-            chunk = conn.recv(65536)
-            assert chunk, f"connection closed after {answer!r}"
-            answer += chunk
+        return read_answer(conn)
+
+
+def read_answer(conn):
+    """The answer that arrives on ``conn``: (status, body)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < content_length(answer):
+        chunk = conn.recv(65536)
+        assert chunk, f"connection closed after {answer!r}"
+        answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     return int(head.split()[1]), body
 

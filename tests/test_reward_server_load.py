@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 from reward_server_helpers import (
-    content_length,
     counting,
     mean_reward,
     quantized_images,
+    read_answer,
     running_server,
     score_body,
 )
@@ -44,15 +44,9 @@ def closed_by_server(conn, within):
 
 
 def answer_of(conn, seconds=10):
-    """The status of the answer that arrives on ``conn``, and its body."""
+    """The status of the answer that arrives on ``conn`` within ``seconds``, and its body."""
     conn.settimeout(seconds)
-    answer = b""
-    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < content_length(answer):
-        chunk = conn.recv(65536)
-        assert chunk, f"connection closed after {answer!r}"
-        answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
+    return read_answer(conn)
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed():
