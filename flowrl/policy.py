@@ -13,6 +13,9 @@ model's average velocity over ``[r, t]`` when given ``r``):
 - ``ema`` — an average of the trained weights (with ``training.ema_decay > 0``);
 - ``tuned`` — what is evaluated and saved: the EMA when kept, else the trained.
 
+With ``autocast_dtype`` (``training.mixed_precision: bf16``) every role's velocity is computed under
+``torch.autocast`` and returned in float32 (:mod:`flowrl.precision`).
+
 The flow model (:mod:`flowrl.models`: the shapes DiT or a diffusers
 pipeline) knows prompts, noise, latents and decoding; the weight copies
 (:mod:`flowrl.weight_copies`: module copies or LoRA adapters) know where each
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from flowrl.precision import autocast, autocast_dtype
 from flowrl.weight_copies import EMA, OLD, REFERENCE, ROLLOUT, TRAINED, TUNED, ModuleCopies
 from samplers import VelocityFn, guided_velocity, timesteps
 
@@ -41,10 +45,18 @@ __all__ = ["EMA", "OLD", "REFERENCE", "ROLLOUT", "TRAINED", "TUNED", "Policy", "
 class Policy:
     """A flow model with its trained weights and weight copies (module docstring)."""
 
-    def __init__(self, flow_model: FlowModel, copies: Any, ema_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        flow_model: FlowModel,
+        copies: Any,
+        ema_decay: float = 0.0,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         self.flow_model = flow_model
         self.copies = copies
         self.ema_decay = ema_decay
+        #: the dtype velocities are computed in under autocast (None: the weights' own)
+        self.autocast_dtype = autocast_dtype
         self._unconditional: dict[str, Any] = {}
 
     @classmethod
@@ -109,10 +121,10 @@ class Policy:
                 raise ValueError(
                     "MeanFlow (an interval start r) needs a network that takes r; this model does not"
                 )
-            with self.copies.network(role) as network:
-                if r is None:
-                    return self.flow_model.velocity(network, x, t, cond)
-                return self.flow_model.velocity(network, x, t, cond, r=r)
+            extra = {} if r is None else {"r": r}
+            with self.copies.network(role) as network, autocast(x.device, self.autocast_dtype):
+                v = self.flow_model.velocity(network, x, t, cond, **extra)
+            return v if self.autocast_dtype is None else v.float()
 
         return velocity
 
@@ -176,18 +188,26 @@ class Policy:
 
 
 def make_policy(
-    flow_model: FlowModel, copies: Sequence[str] = (OLD,), ema_decay: float = 0.0, model_config: Any = None
+    flow_model: FlowModel,
+    copies: Sequence[str] = (OLD,),
+    ema_decay: float = 0.0,
+    model_config: Any = None,
+    mixed_precision: str = "no",
 ) -> Policy:
     """A trainable policy over ``flow_model`` keeping ``copies``, the reference (and the EMA when
-    ``ema_decay > 0``); ``model_config`` tells the backend how to keep them (LoRA rank, ...)."""
+    ``ema_decay > 0``); ``model_config`` tells the backend how to keep them (LoRA rank, ...);
+    ``mixed_precision`` as ``training.mixed_precision``."""
     roles = (*copies, REFERENCE, *((EMA,) if ema_decay > 0 else ()))
-    return Policy(flow_model, flow_model.weight_copies(model_config, roles), ema_decay)
+    weights = flow_model.weight_copies(model_config, roles)
+    return Policy(flow_model, weights, ema_decay, autocast_dtype(mixed_precision))
 
 
-def build_policy(model_config: Any, copies: Sequence[str] = (OLD,), ema_decay: float = 0.0) -> Policy:
+def build_policy(
+    model_config: Any, copies: Sequence[str] = (OLD,), ema_decay: float = 0.0, mixed_precision: str = "no"
+) -> Policy:
     """The trainable policy of a validated ``model`` section (the backend it names, loaded on the CPU),
     keeping the algorithm's ``copies``, the reference and the EMA."""
     from flowrl.models import backend_class
 
     flow_model = backend_class(model_config.backend).from_config(model_config)
-    return make_policy(flow_model, copies, ema_decay, model_config)
+    return make_policy(flow_model, copies, ema_decay, model_config, mixed_precision)

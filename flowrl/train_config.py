@@ -21,6 +21,7 @@ from flowrl.config_schema import ConfigError
 from flowrl.config_schema import at_least as _at_least
 from flowrl.config_schema import choice as _choice
 from flowrl.learning_rate import LR_SCHEDULES
+from flowrl.precision import MIXED_PRECISIONS
 
 __all__ = [
     "AlgorithmConfig",
@@ -117,6 +118,10 @@ class TrainingConfig:
     seed: int = field(default=0, metadata=_at_least(0))
     #: torch's CPU threads (0 = torch's default); 1 for each of two processes on a 2-core machine
     threads: int = field(default=0, metadata=_at_least(0))
+    #: "bf16": every velocity of the policy (rollouts, training, reference, evaluation) under
+    #: ``torch.autocast`` in bfloat16, its output cast back to float32; weights, optimizer state,
+    #: log-probabilities and losses stay float32. "no": float32 throughout
+    mixed_precision: str = field(default="no", metadata=_choice(*MIXED_PRECISIONS))
     #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
     #: ``on_error: skip_batch`` reward failed) before the run stops with an error
     max_consecutive_skips: int = field(default=5, metadata=_at_least(1))

@@ -129,20 +129,20 @@ class Trainer:
         self.prompt_weights = prompt_weights(self.prompts, config.data.sampling, config.data.task_weights)
         self.reward = MultiReward(config.rewards)
 
-        torch.manual_seed(config.training.seed)
-        self.policy = build_policy(config.model, self.algorithm.copies, config.training.ema_decay).to(
-            acc.device
-        )
+        training = config.training
+        torch.manual_seed(training.seed)
+        self.policy = build_policy(
+            config.model, self.algorithm.copies, training.ema_decay, training.mixed_precision
+        ).to(acc.device)
         self.algorithm.prepare(self.policy)
         self.world = evaluation_world(config, self.policy)
         self.grid = self.policy.time_grid(config.sampler.num_steps, config.sampler.time_shift)
         self.optimizer = torch.optim.AdamW(
             self.policy.trainable_parameters(),
-            lr=config.training.learning_rate,
-            betas=(0.9, config.training.adam_beta2),
-            weight_decay=config.training.weight_decay,
+            lr=training.learning_rate,
+            betas=(0.9, training.adam_beta2),
+            weight_decay=training.weight_decay,
         )
-        training = config.training
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             partial(

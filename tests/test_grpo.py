@@ -147,12 +147,13 @@ def test_gaussian_mean_kl_is_the_closed_form():
     torch.testing.assert_close(kl, torch.tensor([1 / 3 * 2.0, 8.0]))
 
 
+@pytest.mark.parametrize("precision", ["no", "bf16"])
 @pytest.mark.parametrize("name", ["flowgrpo", "flowgrpo_cfg", "branchgrpo"])
-def test_first_inner_step_ratios_are_exactly_one(tiny_model, name):
+def test_first_inner_step_ratios_are_exactly_one(tiny_model, name, precision):
     guided = name == "flowgrpo_cfg"  # CFG rollouts, trained with a detached unconditional branch
     extra = ["sampler.guidance_scale=2.5", "algorithm.train_guidance=true"] if guided else []
     config = grpo_config(name.removesuffix("_cfg"), *extra)
-    policy = make_policy(ShapesFlowModel(tiny_model))
+    policy = make_policy(ShapesFlowModel(tiny_model), mixed_precision=precision)
     algorithm = (BranchGRPO if name == "branchgrpo" else FlowGRPO)(config)
     algorithm.prepare(policy)  # the trainer's call once the policy exists: exact kernels for both copies
     group = config.training.group_size

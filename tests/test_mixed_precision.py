@@ -1,0 +1,93 @@
+"""``training.mixed_precision: bf16``: velocities computed in bfloat16 under autocast and returned in float32;
+weights, optimizer state, log-probabilities and checkpoints stay float32. (The GRPO ratio of exactly 1 at the
+first update under bf16 is in ``test_grpo.py``.)"""
+
+import contextlib
+
+import pytest
+import torch
+from test_grpo import grpo_config
+from test_trainer import final_weights, run
+
+from flowrl.checkpoint import read_checkpoint
+from flowrl.config import ConfigError, load_config
+from flowrl.models import ShapesFlowModel
+from flowrl.policy import OLD, REFERENCE, make_policy
+from flowrl.precision import autocast_dtype
+from flowrl.trainer import Trainer
+
+
+@contextlib.contextmanager
+def no_attention_fast_path():
+    """torch's fused attention fast path runs for frozen or eval-mode modules only (the copies, not the
+    trained network), as GRPO's ``prepare`` says; off, every role runs the same kernels."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+def inputs(policy, rows=4):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, *policy.sample_shape, generator=generator)
+    t = torch.rand(rows, generator=generator)
+    return (
+        x,
+        t,
+        policy.encode(["a red circle", "two blue squares", "a green triangle", "three circles"][:rows]),
+    )
+
+
+def test_bf16_velocities_are_bfloat16_products_returned_in_float32(tiny_model):
+    float32 = make_policy(ShapesFlowModel(tiny_model))
+    bf16 = make_policy(ShapesFlowModel(tiny_model), mixed_precision="bf16")
+    x, t, cond = inputs(float32)
+    with no_attention_fast_path(), torch.no_grad():  # one kernel path for every role
+        exact, mixed = float32.velocity(x, t, cond), bf16.velocity(x, t, cond)
+        # every role runs the same numerics: the copies hold the same weights before training
+        for role in (OLD, REFERENCE):
+            assert torch.equal(bf16.velocity_of(role)(x, t, cond), mixed)
+    assert exact.dtype == mixed.dtype == torch.float32
+    difference = float((mixed - exact).abs().max())
+    assert 0 < difference < 0.05 * float(exact.abs().max())  # bfloat16's 8 bits of mantissa, not garbage
+
+
+def test_bf16_gradients_reach_float32_weights(tiny_model):
+    policy = make_policy(ShapesFlowModel(tiny_model), mixed_precision="bf16")
+    x, t, cond = inputs(policy)
+    policy.velocity(x, t, cond).square().mean().backward()
+    parameters = policy.trainable_parameters()
+    assert all(p.dtype == torch.float32 for p in parameters)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in parameters if p.requires_grad)
+    assert sum(float(p.grad.abs().sum()) for p in parameters if p.grad is not None) > 0
+
+
+@pytest.mark.parametrize("recipe", ["nft", "flowgrpo"])
+def test_a_bf16_run_trains_and_keeps_float32_state(tmp_path, tiny_model_dir, recipe, one_thread):
+    overrides = ["training.steps=2", "training.mixed_precision=bf16"]
+    if recipe == "nft":
+        run(tiny_model_dir, tmp_path / "run", *overrides)
+    else:
+        where = [f"model.name={tiny_model_dir}", f"logging.output_dir={tmp_path / 'run'}"]
+        Trainer(grpo_config(recipe, *where, *overrides)).train()
+    step, weights = final_weights(tmp_path / "run")
+    assert step == 2
+    assert all(value.dtype == torch.float32 for copy in weights.values() for value in copy.values())
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    _, payload = read_checkpoint(tmp_path / "run" / "checkpoints" / latest)
+    moments = [
+        value
+        for state in payload["optimizer"]["state"].values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim > 0
+    ]
+    assert moments and all(value.dtype == torch.float32 for value in moments)
+
+
+def test_an_unknown_precision_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"training.mixed_precision='fp8'.*'no', 'bf16'"):
+        load_config("configs/shapes_nft.yaml", ["training.mixed_precision=fp8"])
+    with pytest.raises(ValueError, match="mixed_precision='fp8' is not allowed"):
+        autocast_dtype("fp8")
