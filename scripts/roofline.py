@@ -57,9 +57,12 @@ class PhaseCounter:
         return counted
 
 
-def gemm_rate(batch: int, m: int, k: int, n: int, min_seconds: float = 0.2) -> float:
-    """FLOP/s of ``torch.mm`` (``torch.bmm`` when ``batch > 1``) at one shape, float32, best of a few runs."""
-    left, right = torch.randn(batch, m, k).squeeze(0), torch.randn(batch, k, n).squeeze(0)
+def gemm_rate(
+    batch: int, m: int, k: int, n: int, min_seconds: float = 0.2, dtype: torch.dtype = torch.float32
+) -> float:
+    """FLOP/s of ``torch.mm`` (``torch.bmm`` when ``batch > 1``) at one shape in ``dtype``, best of a few runs."""
+    left = torch.randn(batch, m, k, dtype=dtype).squeeze(0)
+    right = torch.randn(batch, k, n, dtype=dtype).squeeze(0)
     multiply = torch.bmm if batch > 1 else torch.mm
     multiply(left, right)
     best, total, runs = float("inf"), 0.0, 0
