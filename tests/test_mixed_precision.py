@@ -12,6 +12,7 @@ from test_trainer import final_weights, run
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
+from flowrl.models.shapes_dit import attention
 from flowrl.policy import OLD, REFERENCE, make_policy
 from flowrl.precision import autocast_dtype
 from flowrl.trainer import Trainer
@@ -91,3 +92,27 @@ def test_an_unknown_precision_is_refused_in_one_line(tmp_path):
         load_config("configs/shapes_nft.yaml", ["training.mixed_precision=fp8"])
     with pytest.raises(ValueError, match="mixed_precision='fp8' is not allowed"):
         autocast_dtype("fp8")
+
+
+def test_under_cpu_autocast_attention_runs_in_float32():
+    """torch's bfloat16 flash-attention backward on the CPU is ~10x its float32 one (flowrl.models.shapes_dit)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=generator) for _ in range(3))
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    with torch.autocast("cpu", torch.bfloat16):
+        low = [part.to(torch.bfloat16) for part in (q, k, v)]
+        attended = attention(*low)
+    assert attended.dtype == torch.bfloat16
+    reference = torch.nn.functional.scaled_dot_product_attention(*(part.float() for part in low))
+    assert torch.equal(attended, reference.to(torch.bfloat16))
+    assert torch.equal(attention(q, k, v), exact)  # float32 outside autocast: the plain call
+
+
+def test_under_cpu_autocast_the_text_encoder_runs_in_float32(tiny_model):
+    ids = torch.randint(1, 10, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    exact = tiny_model.text_encoder(ids, mask)
+    with torch.autocast("cpu", torch.bfloat16):
+        mixed = tiny_model.text_encoder(ids, mask)
+    for a, b in zip(exact, mixed):
+        assert b.dtype == torch.float32 and torch.equal(a, b)
