@@ -199,7 +199,11 @@ def make_policy(
     ``mixed_precision`` as ``training.mixed_precision``."""
     roles = (*copies, REFERENCE, *((EMA,) if ema_decay > 0 else ()))
     weights = flow_model.weight_copies(model_config, roles)
-    return Policy(flow_model, weights, ema_decay, autocast_dtype(mixed_precision))
+    dtype = autocast_dtype(mixed_precision)
+    low_precision_modules = getattr(flow_model, "low_precision_modules", None)
+    if dtype is not None and low_precision_modules is not None and isinstance(weights, ModuleCopies):
+        weights.keep_low_precision_copies(dtype, low_precision_modules)
+    return Policy(flow_model, weights, ema_decay, dtype)
 
 
 def build_policy(

@@ -69,10 +69,10 @@ class EvaluationCounter:
 
     def __init__(self, trainer: Trainer) -> None:
         self.rollout = self.training = 0
-        trainer.policy.copies.copies[OLD].register_forward_hook(
+        trainer.policy.copies.compute[OLD].register_forward_hook(
             lambda _m, inputs, _o: self._add("rollout", inputs)
         )
-        for module in (trainer.policy.copies.unwrapped, trainer.policy.copies.copies[REFERENCE]):
+        for module in (trainer.policy.copies.unwrapped, trainer.policy.copies.compute[REFERENCE]):
             module.register_forward_hook(lambda _m, inputs, _o: self._add("training", inputs))
 
     def _add(self, kind: str, inputs: tuple) -> None:

@@ -43,7 +43,7 @@ class NetworkTimer:
         self.forward = self.backward = 0.0
         self._started: list[float] = []
         copies = trainer.policy.copies
-        modules = [copies.unwrapped, copies.copies[OLD], copies.copies[REFERENCE]]
+        modules = [copies.unwrapped, copies.compute[OLD], copies.compute[REFERENCE]]
         for module in modules:
             module.register_forward_pre_hook(lambda *_: self._started.append(time.perf_counter()))
             module.register_forward_hook(lambda *_: self._stop())

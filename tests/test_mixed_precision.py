@@ -116,3 +116,27 @@ def test_under_cpu_autocast_the_text_encoder_runs_in_float32(tiny_model):
         mixed = tiny_model.text_encoder(ids, mask)
     for a, b in zip(exact, mixed):
         assert b.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_frozen_copies_run_on_bfloat16_compute_copies_that_follow_their_float32_masters(tiny_model):
+    """A frozen copy's linear layers are held in bfloat16 (no cast per call); the float32 copy moves, is
+    saved and refreshes the compute copy, so the old model still equals the trained one after a copy."""
+    policy = make_policy(ShapesFlowModel(tiny_model), mixed_precision="bf16")
+    copies = policy.copies
+    text = set(copies.compute[OLD].text_encoder.modules())
+    linear = [m for m in copies.compute[OLD].modules() if isinstance(m, torch.nn.Linear) and m not in text]
+    assert {m.weight.dtype for m in linear} == {torch.bfloat16}
+    assert {p.dtype for p in copies.copies[OLD].parameters()} == {torch.float32}
+    assert copies.compute[OLD].text_encoder.token_embedding.weight.dtype == torch.float32
+    with torch.no_grad():
+        for parameter in policy.trainable_parameters():
+            parameter.add_(0.01)
+    policy.move_copies({OLD: 0.0})
+    x, t, cond = inputs(policy)
+    with no_attention_fast_path(), torch.no_grad():
+        trained, old, reference = (
+            policy.velocity_of(role)(x, t, cond) for role in ("trained", OLD, REFERENCE)
+        )
+    assert torch.equal(old, trained) and not torch.equal(reference, trained)
+    state = policy.state_dict()
+    assert all(value.dtype == torch.float32 for value in state[OLD].values())

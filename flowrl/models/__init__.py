@@ -91,6 +91,10 @@ class FlowModel(Protocol):
 
     def save_network(self, network: nn.Module, directory: Path) -> None: ...
 
+    # Optional: ``low_precision_modules(network) -> list[nn.Module]``, the layers whose weights a frozen copy
+    # may hold in the autocast dtype under mixed precision (those autocast runs in it anyway); a backend
+    # without it keeps float32 copies (flowrl.weight_copies).
+
 
 BACKENDS: dict[str, type] = {
     "shapes": ShapesFlowModel,

@@ -141,6 +141,14 @@ class ShapesFlowModel:
     def weight_copies(self, config: ShapesModelConfig, roles: Sequence[str]) -> ModuleCopies:
         return ModuleCopies(self.network, roles)
 
+    @staticmethod
+    def low_precision_modules(network: nn.Module) -> list[nn.Module]:
+        """The linear layers outside the text encoder (which runs in float32 under CPU autocast)."""
+        text = set(network.text_encoder.modules())
+        return [
+            module for module in network.modules() if isinstance(module, nn.Linear) and module not in text
+        ]
+
     @property
     def sample_shape(self) -> tuple[int, ...]:
         return self.network.sample_shape
