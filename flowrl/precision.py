@@ -19,10 +19,9 @@ from collections.abc import Iterator
 
 import torch
 
-#: the values of ``training.mixed_precision``
-MIXED_PRECISIONS = ("no", "bf16")
-
 _AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"no": None, "bf16": torch.bfloat16}
+#: the values of ``training.mixed_precision``
+MIXED_PRECISIONS = tuple(_AUTOCAST_DTYPES)
 
 
 def autocast_dtype(mixed_precision: str) -> torch.dtype | None:

@@ -152,7 +152,7 @@ def read_model_config(path: Path) -> ShapesDiTConfig:
     return config
 
 
-def _cpu_bfloat16_autocast(x: torch.Tensor) -> bool:
+def _cpu_autocast(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
@@ -163,7 +163,7 @@ def attention(
     float32: torch's CPU flash-attention backward in bfloat16 took 436 ms against 46 ms in float32 for
     one forward and backward of 32 shapes images (torch 2.14.1, one thread), which ate the bfloat16
     matrix products' gain; the projections around it stay in bfloat16."""
-    if not _cpu_bfloat16_autocast(q):
+    if not _cpu_autocast(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     with torch.autocast("cpu", enabled=False):
         attended = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask)
@@ -206,7 +206,7 @@ class TextEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """In float32 under CPU autocast (a few tokens; see :func:`attention` for why)."""
         tokens = self.token_embedding(ids) + self.position_embedding[:, : ids.shape[1]]
-        float32 = torch.autocast("cpu", enabled=False) if _cpu_bfloat16_autocast(tokens) else nullcontext()
+        float32 = torch.autocast("cpu", enabled=False) if _cpu_autocast(tokens) else nullcontext()
         with float32:
             tokens = self.norm(self.encoder(tokens, src_key_padding_mask=~mask))
         weights = mask.float()[..., None]
