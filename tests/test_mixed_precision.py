@@ -3,6 +3,7 @@ weights, optimizer state, log-probabilities and checkpoints stay float32. (The G
 first update under bf16 is in ``test_grpo.py``.)"""
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from test_trainer import final_weights, run
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
-from flowrl.models.shapes_dit import attention
+from flowrl.models.shapes_dit import PrecisionAwareGELU, attention
 from flowrl.policy import OLD, REFERENCE, make_policy
 from flowrl.precision import autocast_dtype
 from flowrl.trainer import Trainer
@@ -106,6 +107,21 @@ def test_under_cpu_autocast_attention_runs_in_float32():
     reference = torch.nn.functional.scaled_dot_product_attention(*(part.float() for part in low))
     assert torch.equal(attended, reference.to(torch.bfloat16))
     assert torch.equal(attention(q, k, v), exact)  # float32 outside autocast: the plain call
+
+
+def test_the_mlp_gelu_is_the_tanh_form_in_float32_and_the_exact_form_in_bfloat16():
+    """Typed from the definitions: tanh form ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, exact form
+    ``x (1 + erf(x / sqrt 2)) / 2``; they differ by less than bfloat16's resolution of the input."""
+    x = torch.linspace(-6, 6, 2001, dtype=torch.float64)
+    tanh_form = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    exact_form = x * (1 + torch.erf(x / math.sqrt(2))) / 2
+    gelu = PrecisionAwareGELU()
+    torch.testing.assert_close(gelu(x.float()).double(), tanh_form, atol=1e-6, rtol=1e-6)
+    low = x.to(torch.bfloat16)
+    assert torch.equal(gelu(low), torch.nn.functional.gelu(low))  # torch's exact GELU, not the tanh form
+    assert not torch.equal(gelu(low), torch.nn.functional.gelu(low, approximate="tanh"))
+    torch.testing.assert_close(torch.nn.functional.gelu(x), exact_form)
+    assert float((tanh_form - exact_form).abs().max()) < 5e-4 < float((low.double() - x).abs().max())
 
 
 def test_under_cpu_autocast_the_text_encoder_runs_in_float32(tiny_model):
