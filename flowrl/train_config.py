@@ -120,8 +120,10 @@ class TrainingConfig:
     threads: int = field(default=0, metadata=_at_least(0))
     #: "bf16": every velocity of the policy (rollouts, training, reference, evaluation) under
     #: ``torch.autocast`` in bfloat16, its output cast back to float32; weights, optimizer state,
-    #: log-probabilities and losses stay float32. "no": float32 throughout
-    mixed_precision: str = field(default="no", metadata=_choice(*MIXED_PRECISIONS))
+    #: log-probabilities and losses stay float32. "no": float32 throughout. "auto": bf16 for the shapes
+    #: models on a CPU with bfloat16 matrix instructions (AVX-512 BF16, AMX), "no" elsewhere; the run says
+    #: which at start and records it in its config.yaml
+    mixed_precision: str = field(default="auto", metadata=_choice(*MIXED_PRECISIONS))
     #: steps in a row whose update may be skipped (non-finite loss or gradients, or a reward batch an
     #: ``on_error: skip_batch`` reward failed) before the run stops with an error
     max_consecutive_skips: int = field(default=5, metadata=_at_least(1))

@@ -28,6 +28,7 @@ what it calls (algorithms, policy, rewards, checkpoints, evaluation) lives in it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -58,7 +59,9 @@ from flowrl.config_schema import ConfigError
 from flowrl.evaluation import eval_row, evaluate, evaluation_world, summary_table, write_evaluation
 from flowrl.generate import generate
 from flowrl.learning_rate import learning_rate_factor
+from flowrl.models import backend_class
 from flowrl.policy import REFERENCE, TUNED, build_policy
+from flowrl.precision import resolve_mixed_precision
 from flowrl.prompts import StepSamples, load_prompts, prompt_weights, step_samples
 from flowrl.rng import rng_state, set_rng_state, step_generator
 from flowrl.rollout import Rollout, rollout_and_score
@@ -108,6 +111,13 @@ class Trainer:
                 f"training.prompts_per_step={config.training.prompts_per_step} is more than the "
                 f"{len(self.prompts)} prompts of data.prompts={config.data.prompts!r}"
             )
+        backend = backend_class(config.model.backend)
+        precision, self.precision_line = resolve_mixed_precision(
+            config.training.mixed_precision, acc.device, getattr(backend, "bf16_pays_on_cpu", False)
+        )
+        self.config = config = dataclasses.replace(
+            config, training=dataclasses.replace(config.training, mixed_precision=precision)
+        )
         self.run_lock = self.claim_run_folder()
         try:
             self.set_up()
@@ -457,6 +467,8 @@ class Trainer:
         if acc.is_main_process:
             if acc.device.type == "cpu":
                 warn_if_busy(torch.get_num_threads(), "flowrl train", self.other_processes)
+            if self.precision_line:
+                print(self.precision_line)
             self.output_dir.mkdir(parents=True, exist_ok=True)
             for leftover in clean_temporaries(self.checkpoint_dir):
                 print(f"removed {leftover}, left by a checkpoint write that did not finish")

@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+import yaml
 from test_grpo import grpo_config
 from test_trainer import final_weights, run
 
+from flowrl import precision
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
@@ -89,10 +91,54 @@ def test_a_bf16_run_trains_and_keeps_float32_state(tmp_path, tiny_model_dir, rec
 
 
 def test_an_unknown_precision_is_refused_in_one_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"training.mixed_precision='fp8'.*'no', 'bf16'"):
+    with pytest.raises(ConfigError, match=r"training.mixed_precision='fp8'.*'auto', 'no', 'bf16'"):
         load_config("configs/shapes_nft.yaml", ["training.mixed_precision=fp8"])
     with pytest.raises(ValueError, match="mixed_precision='fp8' is not allowed"):
         autocast_dtype("fp8")
+
+
+@pytest.mark.parametrize(
+    ("device", "pays", "has_bf16", "expected"),
+    [
+        ("cpu", True, True, "bf16"),
+        ("cpu", True, False, "no"),
+        ("cpu", False, True, "no"),
+        ("cuda", True, True, "no"),
+    ],
+)
+def test_auto_is_bf16_only_for_a_backend_that_pays_on_a_cpu_with_bfloat16_matmul(
+    monkeypatch, device, pays, has_bf16, expected
+):
+    monkeypatch.setattr(precision, "cpu_has_bfloat16_matmul", lambda: has_bf16)
+    value, line = precision.resolve_mixed_precision("auto", torch.device(device), pays)
+    assert value == expected and line.startswith(
+        f"mixed precision: {'bf16' if expected == 'bf16' else 'float32'}"
+    )
+    assert "\n" not in line
+    for explicit in ("no", "bf16"):  # an explicit value is kept as it is, silently
+        assert precision.resolve_mixed_precision(explicit, torch.device(device), pays) == (explicit, "")
+
+
+def test_auto_is_resolved_at_start_said_once_recorded_and_a_resume_that_resolves_otherwise_is_refused(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    monkeypatch.setattr(precision, "cpu_has_bfloat16_matmul", lambda: True)
+    run(tiny_model_dir, tmp_path / "run", "training.steps=2", "training.mixed_precision=auto")
+    printed = capsys.readouterr().out
+    assert printed.count("mixed precision: bf16 (auto: this CPU has bfloat16 matrix instructions") == 1
+    assert (
+        yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["training"]["mixed_precision"]
+        == "bf16"
+    )
+    monkeypatch.setattr(precision, "cpu_has_bfloat16_matmul", lambda: False)
+    with pytest.raises(ConfigError, match=r"training.mixed_precision: 'bf16' -> 'no'"):
+        run(
+            tiny_model_dir,
+            tmp_path / "run",
+            "training.steps=3",
+            "training.mixed_precision=auto",
+            "resume=latest",
+        )
 
 
 def test_under_cpu_autocast_attention_runs_in_float32():

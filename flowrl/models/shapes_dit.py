@@ -293,9 +293,7 @@ class DiTBlock(nn.Module):
         self.cross_out = nn.Linear(hidden, hidden)
         self.norm_mlp = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         inner = int(hidden * mlp_ratio)
-        self.mlp = nn.Sequential(
-            nn.Linear(hidden, inner), PrecisionAwareGELU(), nn.Linear(inner, hidden)
-        )
+        self.mlp = nn.Sequential(nn.Linear(hidden, inner), PrecisionAwareGELU(), nn.Linear(inner, hidden))
         self.modulation = nn.Linear(hidden, 6 * hidden)
         nn.init.zeros_(self.modulation.weight)
         nn.init.zeros_(self.modulation.bias)
