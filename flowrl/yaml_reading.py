@@ -1,9 +1,11 @@
 """Reading YAML that someone else may have written (configs, overrides, a run folder's config.yaml), bounded:
-PyYAML's safe loader with no aliases, a size and a depth cap, plain keys and no key given twice; anything
-malformed or refused is one :class:`~flowrl.config_schema.ConfigError` line naming the source."""
+PyYAML's safe loader with no aliases, a size and a depth cap, plain keys and no key given twice, and YAML
+1.2's booleans (only true and false: ``training.mixed_precision=no`` is the string "no", not YAML 1.1's
+False); anything malformed or refused is one :class:`~flowrl.config_schema.ConfigError` line naming the source."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -55,6 +57,16 @@ class _BoundedLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_BoundedLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def parse_yaml(text: str, source: str) -> Any:

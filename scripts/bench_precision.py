@@ -8,7 +8,7 @@ optimizer), the per-round ratio to the first variant (median, min, max), and the
 float32 and bfloat16 at 2048-cubed and at the shapes model's width beside it::
 
     python scripts/bench_precision.py --rounds 6 --out outputs/bench_precision.json \\
-        --variant fp32= --variant bf16=training.mixed_precision=bf16 -- [override ...]
+        --variant fp32=training.mixed_precision=no --variant bf16=training.mixed_precision=bf16 -- [override ...]
 
 Overrides after ``--`` apply to every variant (default config: the main job). Run it on a quiet machine:
 never time anything beside another CPU-bound job.

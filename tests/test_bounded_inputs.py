@@ -106,3 +106,12 @@ def test_the_demo_lists_the_good_runs_beside_a_run_with_a_huge_model(tmp_path, t
     assert str(good) in Catalog(root, str(tiny_model_dir)).tuned_choices()
     with pytest.raises(ValueError, match="parameters; flowrl loads shapes models of at most"):
         load_model(str(huge))
+
+
+def test_only_true_and_false_are_booleans_so_no_stays_a_word():
+    """YAML 1.1 reads no/yes/on/off as booleans, so ``training.mixed_precision=no`` became False; flowrl
+    reads YAML 1.2's booleans only. A bool field given ``yes`` is a one-line error, not a silent True."""
+    config = load_config("configs/shapes_nft.yaml", ["training.mixed_precision=no", "logging.progress=false"])
+    assert config.training.mixed_precision == "no" and config.logging.progress is False
+    with pytest.raises(ConfigError, match=r"logging.progress='yes' is not allowed; expected true or false"):
+        load_config("configs/shapes_nft.yaml", ["logging.progress=yes"])
