@@ -8,7 +8,7 @@ role (trained, old, rollout, reference, EMA) runs the same kernels on the same i
 rollout re-scored by the trained model before its first update still gives a ratio of exactly 1.
 
 ``auto`` (the default) is ``bf16`` where it was measured to pay: a backend that says so
-(``bf16_pays_on_cpu``: the shapes models, 1.39x on the main job's step) on a CPU with bfloat16 matrix
+(``bf16_pays_on_cpu``: the shapes models, 1.44x on the main job's step) on a CPU with bfloat16 matrix
 instructions (AVX-512 BF16 or AMX); ``no`` everywhere else (a GPU recipe sets its weights' dtype with
 ``model.dtype``). The trainer resolves it before the run starts, says which in one line, and records the
 resolved value in the run's config, so a resume on a machine that resolves it otherwise is refused
