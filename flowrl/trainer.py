@@ -58,8 +58,8 @@ from flowrl.checkpoint import (
 from flowrl.config_schema import ConfigError
 from flowrl.evaluation import eval_row, evaluate, evaluation_world, summary_table, write_evaluation
 from flowrl.generate import generate
-from flowrl.learning_rate import learning_rate_factor
 from flowrl.models import backend_class
+from flowrl.optimizer import optimizer_and_schedule
 from flowrl.policy import REFERENCE, TUNED, build_policy
 from flowrl.precision import resolve_mixed_precision
 from flowrl.prompts import StepSamples, load_prompts, prompt_weights, step_samples
@@ -147,22 +147,7 @@ class Trainer:
         self.algorithm.prepare(self.policy)
         self.world = evaluation_world(config, self.policy)
         self.grid = self.policy.time_grid(config.sampler.num_steps, config.sampler.time_shift)
-        self.optimizer = torch.optim.AdamW(
-            self.policy.trainable_parameters(),
-            lr=training.learning_rate,
-            betas=(0.9, training.adam_beta2),
-            weight_decay=training.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            partial(
-                learning_rate_factor,
-                warmup_steps=training.warmup_steps,
-                total_steps=training.steps * training.updates_per_step,
-                schedule=training.lr_schedule,
-                min_ratio=training.min_learning_rate_ratio,
-            ),
-        )
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.policy.trainable_parameters(), training)
         self.policy.prepare(acc.prepare)
         self.step = 0
         #: steps in a row whose update was skipped (non-finite loss or gradients, or a skipped reward batch)

@@ -5,7 +5,9 @@
 - no import cycle among the project's modules and scripts, type-only imports (``if TYPE_CHECKING:``)
   included: a circle of type hints is a design tie all the same (imports inside functions are
   deliberate late imports, and are not counted);
-- no source file over ``MAX_LINES`` lines unless its docstring says why ("Longer than ...").
+- no source file over ``MAX_LINES`` lines unless its docstring says why ("Longer than ...");
+- the training step reads on one screen: ``Trainer.train_step`` at most ``MAX_STEP_LINES`` lines and
+  ``trainer.py`` at most ``MAX_TRAINER_LINES`` (what the step calls lives in the modules beside it).
 """
 
 import ast
@@ -16,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("flowrl", "rewards", "samplers", "app")
 MAX_LINES = 400
+MAX_STEP_LINES = 50
+MAX_TRAINER_LINES = 560
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -157,3 +161,17 @@ def test_no_file_is_long_without_a_stated_reason():
     assert not long_files, (
         f"over {MAX_LINES} lines with no 'Longer than ...' reason in the docstring: {long_files}"
     )
+
+
+def test_the_training_step_fits_on_one_screen():
+    path = ROOT / "flowrl" / "trainer.py"
+    source = path.read_text()
+    assert len(source.splitlines()) <= MAX_TRAINER_LINES, f"trainer.py is over {MAX_TRAINER_LINES} lines"
+    trainer = next(
+        node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "Trainer"
+    )
+    step = next(
+        node for node in trainer.body if isinstance(node, ast.FunctionDef) and node.name == "train_step"
+    )
+    lines = step.end_lineno - step.lineno + 1
+    assert lines <= MAX_STEP_LINES, f"Trainer.train_step is {lines} lines, over {MAX_STEP_LINES}"
