@@ -22,6 +22,11 @@ steps, and ``(T(2 steps) - T(steps)) / steps`` removes start-up, loading and eva
 runs share. Rounds interleave every trainer (flowrl, peer, flowrl, peer, ...); the table gives the
 median over rounds, the per-round ratios and each process's peak resident memory (``os.wait4``).
 Run it on a quiet machine: never time anything beside another CPU-bound job.
+
+Both sides run in float32 (flowrl's ``training.mixed_precision=no``); ``--fast-path`` adds flowrl's
+bfloat16 run of each algorithm beside it, and ``--profile`` runs every trainer once more for S and 2S
+steps under ``torch.profiler`` (``op_profile.py``) and prints where a step's time goes by operator
+family and the largest operators, side by side.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import op_profile
+
 ROOT = Path(__file__).resolve().parent.parent
 #: a peer's name -> the flowrl algorithm it is compared with
 PEER_ALGORITHMS = {"flow_grpo": "flow_grpo", "diffusion_nft": "nft"}
@@ -52,6 +59,7 @@ EQUAL_WORK = [
     "model.lora_rank=32",
     "model.lora_alpha=64",
     "model.dtype=float32",
+    "training.mixed_precision=no",
     "rewards={jpeg_compressibility: 1.0}",
     "training.prompts_per_step=2",
     "training.group_size=4",
@@ -110,29 +118,39 @@ def parse_peer(text: str) -> Trainer:
     return Trainer(name, Path(folder).expanduser(), template)
 
 
-def flowrl_trainer(algorithm: str, prompts: Path, empty_config: Path) -> Trainer:
+def flowrl_trainer(algorithm: str, prompts: Path, empty_config: Path, fast_path: bool = False) -> Trainer:
     """flowrl's side of the comparison for ``algorithm``, as a command template (every setting an
-    override of the defaults)."""
+    override of the defaults); ``fast_path``: in bfloat16 mixed precision (``flowrl_<algorithm>_bf16``)."""
     overrides = [*EQUAL_WORK, *ALGORITHM_SETTINGS[algorithm], f"data.prompts={prompts}"]
+    if fast_path:
+        overrides.append("training.mixed_precision=bf16")
     template = " ".join(
         shlex.quote(part)
         for part in [sys.executable, "-m", "flowrl.cli", "train", str(empty_config), *overrides]
     )
     return Trainer(
-        f"flowrl_{algorithm}",
+        f"flowrl_{algorithm}" + ("_bf16" if fast_path else ""),
         ROOT,
         template + " model.name={pipeline} training.steps={steps} logging.output_dir={out}",
     )
 
 
-def timed_run(trainer: Trainer, pipeline: Path, steps: int, scratch: Path) -> tuple[float, float]:
-    """``(seconds, peak resident GiB)`` of one run of ``trainer`` for ``steps`` steps."""
+def timed_run(
+    trainer: Trainer, pipeline: Path, steps: int, scratch: Path, profile_to: Path | None = None
+) -> tuple[float, float]:
+    """``(seconds, peak resident GiB)`` of one run of ``trainer`` for ``steps`` steps; with ``profile_to``,
+    under the operator profiler, which writes there."""
     out = Path(tempfile.mkdtemp(prefix=f"{trainer.name}-", dir=scratch))
     out.rmdir()  # the trainer creates it
+    command, environment = trainer.command(pipeline, steps, out), None
+    if profile_to is not None:
+        profile_to.mkdir(parents=True)
+        command, environment = op_profile.hooked(command, op_profile.write_hook(scratch / "hook"), profile_to)
     start = time.perf_counter()
     process = subprocess.Popen(
-        trainer.command(pipeline, steps, out),
+        command,
         cwd=trainer.folder,
+        env=environment,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -146,6 +164,39 @@ def timed_run(trainer: Trainer, pipeline: Path, steps: int, scratch: Path) -> tu
     return seconds, usage.ru_maxrss / 2**20
 
 
+def profile_steps(
+    trainers: list[Trainer], pipeline: Path, steps: int, scratch: Path, top: int = 12
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each trainer's per-step self CPU seconds by operator family and its ``top`` operators (a run of
+    ``steps`` and one of ``2 * steps`` under the profiler); printed side by side."""
+    profiles = {}
+    for trainer in trainers:
+        times = []
+        for count in (steps, 2 * steps):
+            folder = scratch / "profiles" / f"{trainer.name}-{count}"
+            timed_run(trainer, pipeline, count, scratch, profile_to=folder)
+            times.append(op_profile.operator_times(folder))
+        operators = op_profile.per_step(*times, steps)
+        largest = dict(sorted(operators.items(), key=lambda item: -item[1])[:top])
+        profiles[trainer.name] = {"families": op_profile.by_category(operators), "operators": largest}
+    names = list(profiles)
+    families = sorted({family for profile in profiles.values() for family in profile["families"]})
+    print("\nself CPU seconds per step, by operator family (profiled; shares beside)")
+    print(f"{'family':<18}" + "".join(f"{name:>26}" for name in names))
+    for family in families:
+        cells = []
+        for name in names:
+            seconds = profiles[name]["families"].get(family, 0.0)
+            total = sum(profiles[name]["families"].values())
+            cells.append(f"{seconds:>18.3f} ({seconds / total:>4.0%})")
+        print(f"{family:<18}" + "".join(cells))
+    for name in names:
+        print(f"\n{name}: largest operators, s/step")
+        for operator, seconds in profiles[name]["operators"].items():
+            print(f"  {seconds:8.3f}  {operator}")
+    return profiles
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,6 +208,10 @@ def main() -> int:
         type=int,
         default=6,
         help="S: each trainer runs S and 2S steps per round (small S: start-up noise)",
+    )
+    parser.add_argument("--fast-path", action="store_true", help="add flowrl's bfloat16 runs beside them")
+    parser.add_argument(
+        "--profile", action="store_true", help="then profile every trainer's step by operator (op_profile.py)"
     )
     parser.add_argument("--out", default="outputs/bench_peers.json")
     args = parser.parse_args()
@@ -177,7 +232,11 @@ def main() -> int:
         prompts.write_text("a photo of a cat\na red bicycle\n")
         empty_config = scratch / "defaults.yaml"
         empty_config.write_text("{}\n")
-        trainers = [flowrl_trainer(algorithm, prompts, empty_config) for algorithm in algorithms] + present
+        trainers = [
+            flowrl_trainer(algorithm, prompts, empty_config, fast)
+            for algorithm in algorithms
+            for fast in ((False, True) if args.fast_path else (False,))
+        ] + present
         times: dict[str, list[float]] = {trainer.name: [] for trainer in trainers}
         memory: dict[str, list[float]] = {trainer.name: [] for trainer in trainers}
         for round_index in range(args.rounds):
@@ -190,10 +249,12 @@ def main() -> int:
                     f"round {round_index + 1}: {trainer.name} {times[trainer.name][-1]:.2f} s/step",
                     flush=True,
                 )
+        profiles = profile_steps(trainers, pipeline, args.steps, scratch) if args.profile else {}
     rows = []
     for peer in present:
         ours = f"flowrl_{PEER_ALGORITHMS[peer.name]}"
         ratios = [a / b for a, b in zip(times[ours], times[peer.name])]
+        fast = [a / b for a, b in zip(times.get(f"{ours}_bf16", []), times[peer.name])]
         rows.append(
             {
                 "peer": peer.name,
@@ -201,6 +262,8 @@ def main() -> int:
                 "peer_s_per_step": statistics.median(times[peer.name]),
                 "ratio_median": statistics.median(ratios),
                 "ratios": ratios,
+                "fast_path_ratio_median": statistics.median(fast) if fast else None,
+                "fast_path_ratios": fast,
                 "flowrl_peak_gib": max(memory[ours]),
                 "peer_peak_gib": max(memory[peer.name]),
             }
@@ -213,6 +276,7 @@ def main() -> int:
             f"flowrl / {row['peer']}: {row['ratio_median']:.2f}x (rounds: "
             f"{', '.join(f'{r:.2f}' for r in row['ratios'])}); peak {row['flowrl_peak_gib']:.2f} vs "
             f"{row['peer_peak_gib']:.2f} GiB"
+            + (f"; bf16 fast path {row['fast_path_ratio_median']:.2f}x" if row["fast_path_ratios"] else "")
         )
     record = {
         "rounds": args.rounds,
@@ -221,6 +285,7 @@ def main() -> int:
             name: {"s_per_step": values, "peak_gib": memory[name]} for name, values in times.items()
         },
         "comparisons": rows,
+        "profiles": profiles,
         "peer_commands": {peer.name: peer.template for peer in present},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,15 @@
 """scripts/bench_peers.py reads its peers strictly and skips a checkout that is not there (no timing here)."""
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_peers.py"
+sys.path.insert(0, str(SCRIPT.parent))  # it imports op_profile beside it
 spec = importlib.util.spec_from_file_location("bench_peers", SCRIPT)
 bench_peers = importlib.util.module_from_spec(spec)
 sys.modules["bench_peers"] = bench_peers  # its dataclass looks its module up there
@@ -54,7 +57,38 @@ def test_flowrl_side_is_a_valid_config(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\n")
     for algorithm in bench_peers.ALGORITHM_SETTINGS:
-        command = bench_peers.flowrl_trainer(algorithm, prompts, empty).command(tmp_path, 2, tmp_path / "out")
-        overrides = command[command.index(str(empty)) + 1 :]
-        config = load_config(empty, overrides)
-        assert config.algorithm.name == algorithm and config.model.lora_rank == 32
+        for fast_path, precision in ((False, "no"), (True, "bf16")):
+            trainer = bench_peers.flowrl_trainer(algorithm, prompts, empty, fast_path)
+            command = trainer.command(tmp_path, 2, tmp_path / "out")
+            overrides = command[command.index(str(empty)) + 1 :]
+            config = load_config(empty, overrides)
+            assert config.algorithm.name == algorithm and config.model.lora_rank == 32
+            assert config.training.mixed_precision == precision
+            assert trainer.name.endswith("_bf16") == fast_path
+
+
+def test_the_profiler_hook_reaches_a_process_whose_command_sets_its_own_pythonpath(tmp_path):
+    """The hook rides on PYTHONPATH, also where the command replaces it (``env PYTHONPATH=...``), and
+    the per-step table is the difference of a run of S and one of 2S steps."""
+    import op_profile
+
+    script = tmp_path / "work.py"
+    script.write_text(
+        "import sys, torch\n"
+        "for _ in range(int(sys.argv[1])):\n"
+        "    torch.mm(torch.ones(64, 64), torch.ones(64, 64))\n"
+    )
+    hook = op_profile.write_hook(tmp_path / "hook")
+    times = []
+    for steps in (2, 4):
+        out = tmp_path / f"profile-{steps}"
+        out.mkdir()
+        command = ["env", f"PYTHONPATH={tmp_path / 'elsewhere'}", sys.executable, str(script), str(steps)]
+        words, environment = op_profile.hooked(command, hook, out)
+        subprocess.run(words, env=environment, check=True)
+        times.append(op_profile.operator_times(out))
+    assert len(list((tmp_path / "profile-4").glob("*.json"))) == 1
+    calls = json.loads(next((tmp_path / "profile-4").glob("*.json")).read_text())["aten::mm"][1]
+    assert calls == 4
+    step = op_profile.per_step(*times, 2)
+    assert step["aten::mm"] > 0 and op_profile.by_category(step)["GEMM"] == pytest.approx(step["aten::mm"])
