@@ -94,6 +94,8 @@ class FlowModel(Protocol):
     # Optional: ``low_precision_modules(network) -> list[nn.Module]``, the layers whose weights a frozen copy
     # may hold in the autocast dtype under mixed precision (those autocast runs in it anyway); a backend
     # without it keeps float32 copies (flowrl.weight_copies).
+    # Optional: ``bf16_pays_on_cpu: bool`` (class attribute), whether ``training.mixed_precision: auto`` picks
+    # bfloat16 on a CPU with bfloat16 matrix instructions (measured per backend; absent: float32 there).
 
 
 BACKENDS: dict[str, type] = {
