@@ -43,6 +43,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import op_profile
 
@@ -166,7 +167,7 @@ def timed_run(
 
 def profile_steps(
     trainers: list[Trainer], pipeline: Path, steps: int, scratch: Path, top: int = 12
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, dict[str, Any]]:
     """Each trainer's per-step self CPU seconds by operator family and its ``top`` operators (a run of
     ``steps`` and one of ``2 * steps`` under the profiler); printed side by side."""
     profiles = {}
@@ -177,8 +178,16 @@ def profile_steps(
             timed_run(trainer, pipeline, count, scratch, profile_to=folder)
             times.append(op_profile.operator_times(folder))
         operators = op_profile.per_step(*times, steps)
-        largest = dict(sorted(operators.items(), key=lambda item: -item[1])[:top])
-        profiles[trainer.name] = {"families": op_profile.by_category(operators), "operators": largest}
+        ranked = [
+            item for item in operators.items() if item[0] not in (op_profile.WALL, op_profile.PROCESS_CPU)
+        ]
+        largest = sorted(ranked, key=lambda item: -item[1][0])[:top]
+        profiles[trainer.name] = {
+            "wall_s": operators.get(op_profile.WALL, (0.0, 0))[0],
+            "process_cpu_s": operators.get(op_profile.PROCESS_CPU, (0.0, 0))[0],
+            "families": op_profile.by_category(operators),
+            "operators": {name: {"seconds": seconds, "calls": calls} for name, (seconds, calls) in largest},
+        }
     names = list(profiles)
     families = sorted({family for profile in profiles.values() for family in profile["families"]})
     print("\nself CPU seconds per step, by operator family (profiled; shares beside)")
@@ -190,10 +199,12 @@ def profile_steps(
             total = sum(profiles[name]["families"].values())
             cells.append(f"{seconds:>18.3f} ({seconds / total:>4.0%})")
         print(f"{family:<18}" + "".join(cells))
+    print(f"{'step wall-clock':<18}" + "".join(f"{profiles[name]['wall_s']:>26.3f}" for name in names))
+    print(f"{'process CPU':<18}" + "".join(f"{profiles[name]['process_cpu_s']:>26.3f}" for name in names))
     for name in names:
-        print(f"\n{name}: largest operators, s/step")
-        for operator, seconds in profiles[name]["operators"].items():
-            print(f"  {seconds:8.3f}  {operator}")
+        print(f"\n{name}: largest operators, s/step and calls/step")
+        for operator, row in profiles[name]["operators"].items():
+            print(f"  {row['seconds']:8.3f} {row['calls']:8.0f}  {operator}")
     return profiles
 
 
@@ -202,7 +213,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--peer", action="append", default=[], help="name=checkout::command (repeat)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (0: only --profile)")
     parser.add_argument(
         "--steps",
         type=int,
@@ -215,6 +226,8 @@ def main() -> int:
     )
     parser.add_argument("--out", default="outputs/bench_peers.json")
     args = parser.parse_args()
+    if args.rounds < 0 or (args.rounds == 0 and not args.profile):
+        parser.error(f"--rounds {args.rounds}: at least 1, or 0 with --profile")
     peers = [parse_peer(text) for text in args.peer]
     present = []
     for peer in peers:
@@ -251,7 +264,7 @@ def main() -> int:
                 )
         profiles = profile_steps(trainers, pipeline, args.steps, scratch) if args.profile else {}
     rows = []
-    for peer in present:
+    for peer in present if args.rounds else []:
         ours = f"flowrl_{PEER_ALGORITHMS[peer.name]}"
         ratios = [a / b for a, b in zip(times[ours], times[peer.name])]
         fast = [a / b for a, b in zip(times.get(f"{ours}_bf16", []), times[peer.name])]
@@ -268,9 +281,10 @@ def main() -> int:
                 "peer_peak_gib": max(memory[peer.name]),
             }
         )
-    print(f"\n{'trainer':<20}{'s/step (median)':>16}{'peak GiB':>10}")
-    for name, values in times.items():
-        print(f"{name:<20}{statistics.median(values):>16.2f}{max(memory[name]):>10.2f}")
+    if args.rounds:
+        print(f"\n{'trainer':<20}{'s/step (median)':>16}{'peak GiB':>10}")
+        for name, values in times.items():
+            print(f"{name:<20}{statistics.median(values):>16.2f}{max(memory[name]):>10.2f}")
     for row in rows:
         print(
             f"flowrl / {row['peer']}: {row['ratio_median']:.2f}x (rounds: "

@@ -7,7 +7,9 @@ CPU time and call count to ``<folder>/<pid>.json`` at exit (every Python process
 
     per step (op) = (T_2S(op) - T_S(op)) / S
 
-removes start-up and loading, as ``bench_peers.py`` does for wall time. Times carry the profiler's own
+removes start-up and loading, as ``bench_peers.py`` does for wall time. Each process also records its
+wall-clock and CPU seconds (:data:`WALL`, :data:`PROCESS_CPU`); the step's wall-clock time beside the
+operators' self time says how much of it is spent outside torch operators (Python, I/O, waiting). Times carry the profiler's own
 overhead (a few microseconds an operator), the same on both sides; compare shares and differences, not
 the absolute step time. Used by ``bench_peers.py --profile``.
 """
@@ -20,6 +22,8 @@ import re
 from pathlib import Path
 
 ENVIRONMENT_KEY = "FLOWRL_OP_PROFILE"
+#: records beside the operators: the process's wall-clock and CPU seconds (all threads) while profiled
+WALL, PROCESS_CPU = "<wall clock>", "<process CPU>"
 
 SITECUSTOMIZE = f'''
 import os
@@ -27,16 +31,20 @@ import os
 if os.environ.get("{ENVIRONMENT_KEY}"):
     import atexit
     import json
+    import time
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    _started = time.perf_counter(), time.process_time()
     _profiler = profile(activities=[ProfilerActivity.CPU])
     _profiler.start()
 
     def _write_operator_times():
         _profiler.stop()
         rows = {{event.key: [event.self_cpu_time_total, event.count] for event in _profiler.key_averages()}}
+        rows["{WALL}"] = [(time.perf_counter() - _started[0]) * 1e6, 1]
+        rows["{PROCESS_CPU}"] = [(time.process_time() - _started[1]) * 1e6, 1]
         path = os.path.join(os.environ["{ENVIRONMENT_KEY}"], f"{{os.getpid()}}.json")
         with open(path, "w") as handle:
             json.dump(rows, handle)
@@ -80,20 +88,31 @@ def hooked(command: list[str], hook_folder: Path, out: Path) -> tuple[list[str],
     return words, environment
 
 
-def operator_times(folder: Path) -> dict[str, float]:
-    """Self CPU seconds per operator, summed over every process that wrote to ``folder``."""
-    totals: dict[str, float] = {}
+def operator_times(folder: Path) -> dict[str, tuple[float, int]]:
+    """``(self CPU seconds, calls)`` per operator, summed over every process that wrote to ``folder``
+    (:data:`WALL`: the longest process's)."""
+    totals: dict[str, tuple[float, int]] = {}
     for path in folder.glob("*.json"):
-        for name, (microseconds, _count) in json.loads(path.read_text()).items():
-            totals[name] = totals.get(name, 0.0) + microseconds / 1e6
+        for name, (microseconds, count) in json.loads(path.read_text()).items():
+            seconds, calls = totals.get(name, (0.0, 0))
+            if name == WALL:
+                totals[name] = (max(seconds, microseconds / 1e6), 1)
+            else:
+                totals[name] = (seconds + microseconds / 1e6, calls + count)
     return totals
 
 
-def per_step(short: dict[str, float], long: dict[str, float], steps: int) -> dict[str, float]:
-    """``(long - short) / steps`` per operator, for operators with a positive difference."""
-    names = set(short) | set(long)
-    differences = {name: (long.get(name, 0.0) - short.get(name, 0.0)) / steps for name in names}
-    return {name: seconds for name, seconds in differences.items() if seconds > 0}
+def per_step(
+    short: dict[str, tuple[float, int]], long: dict[str, tuple[float, int]], steps: int
+) -> dict[str, tuple[float, float]]:
+    """``(seconds, calls)`` per step, ``(long - short) / steps``, for operators whose time grew."""
+    step = {}
+    for name in set(short) | set(long):
+        seconds = (long.get(name, (0.0, 0))[0] - short.get(name, (0.0, 0))[0]) / steps
+        calls = (long.get(name, (0.0, 0))[1] - short.get(name, (0.0, 0))[1]) / steps
+        if seconds > 0:
+            step[name] = (seconds, calls)
+    return step
 
 
 def category_of(name: str) -> str:
@@ -103,10 +122,13 @@ def category_of(name: str) -> str:
     return "other"
 
 
-def by_category(times: dict[str, float]) -> dict[str, float]:
-    """Seconds per :data:`CATEGORIES` family (``other``: autograd nodes, Python-side records)."""
+def by_category(times: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Seconds per :data:`CATEGORIES` family (``other``: autograd nodes, Python-side records); the
+    process records :data:`WALL` and :data:`PROCESS_CPU` are left out."""
     totals: dict[str, float] = {}
-    for name, seconds in times.items():
+    for name, (seconds, _calls) in times.items():
+        if name in (WALL, PROCESS_CPU):
+            continue
         category = category_of(name)
         totals[category] = totals.get(category, 0.0) + seconds
     return totals

@@ -1,7 +1,6 @@
 """scripts/bench_peers.py reads its peers strictly and skips a checkout that is not there (no timing here)."""
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -68,27 +67,34 @@ def test_flowrl_side_is_a_valid_config(tmp_path):
 
 
 def test_the_profiler_hook_reaches_a_process_whose_command_sets_its_own_pythonpath(tmp_path):
-    """The hook rides on PYTHONPATH, also where the command replaces it (``env PYTHONPATH=...``), and
-    the per-step table is the difference of a run of S and one of 2S steps."""
+    """The hook rides on PYTHONPATH, also where the command replaces it (``env PYTHONPATH=...``): each
+    operator's calls and the process's wall clock are recorded."""
     import op_profile
 
     script = tmp_path / "work.py"
     script.write_text(
-        "import sys, torch\n"
-        "for _ in range(int(sys.argv[1])):\n"
+        "import time, torch\n"
+        "for _ in range(3):\n"
         "    torch.mm(torch.ones(64, 64), torch.ones(64, 64))\n"
+        "time.sleep(0.2)\n"
     )
-    hook = op_profile.write_hook(tmp_path / "hook")
-    times = []
-    for steps in (2, 4):
-        out = tmp_path / f"profile-{steps}"
-        out.mkdir()
-        command = ["env", f"PYTHONPATH={tmp_path / 'elsewhere'}", sys.executable, str(script), str(steps)]
-        words, environment = op_profile.hooked(command, hook, out)
-        subprocess.run(words, env=environment, check=True)
-        times.append(op_profile.operator_times(out))
-    assert len(list((tmp_path / "profile-4").glob("*.json"))) == 1
-    calls = json.loads(next((tmp_path / "profile-4").glob("*.json")).read_text())["aten::mm"][1]
-    assert calls == 4
-    step = op_profile.per_step(*times, 2)
-    assert step["aten::mm"] > 0 and op_profile.by_category(step)["GEMM"] == pytest.approx(step["aten::mm"])
+    out = tmp_path / "profile"
+    out.mkdir()
+    command = ["env", f"PYTHONPATH={tmp_path / 'elsewhere'}", sys.executable, str(script)]
+    words, environment = op_profile.hooked(command, op_profile.write_hook(tmp_path / "hook"), out)
+    subprocess.run(words, env=environment, check=True)
+    times = op_profile.operator_times(out)
+    assert len(list(out.glob("*.json"))) == 1
+    assert times["aten::mm"][1] == 3 and times[op_profile.WALL][0] >= 0.2
+
+
+def test_a_step_is_the_difference_of_two_runs_and_families_add_up():
+    import op_profile
+
+    short = {"aten::mm": (1.0, 10), "aten::add": (0.5, 4), "aten::cat": (0.3, 2), op_profile.WALL: (3.0, 1)}
+    long = {"aten::mm": (2.0, 20), "aten::add": (0.9, 8), "aten::cat": (0.2, 2), op_profile.WALL: (5.0, 1)}
+    step = op_profile.per_step(short, long, 2)
+    assert step["aten::mm"] == (0.5, 5) and step["aten::add"] == pytest.approx((0.2, 2))
+    assert "aten::cat" not in step  # no time grew
+    assert step[op_profile.WALL] == (1.0, 0)
+    assert op_profile.by_category(step) == pytest.approx({"GEMM": 0.5, "element-wise": 0.2})
