@@ -83,37 +83,6 @@ def test_min_reward_fits_only_kept_samples_at_or_above_it_averaged_over_the_fitt
     assert rows.log["raft/fitted_share"] == pytest.approx(0.5)
 
 
-def test_min_advantage_fits_only_kept_samples_that_clearly_beat_their_group():
-    """``min_advantage``: group 1 (0.1, 0.9, 0.5, 0.2) keeps 0.9 and 0.5, group 2 (1, 1, 1, 0) keeps two 1s.
-    Typed from the definition: advantage = (r - group mean) / (std of the batch's rewards + eps), the
-    recipe's std_scope; fitted: reward at or above min_reward (0.4) and advantage at or above 1.0; weights
-    1 / share over the global batch."""
-    config = load_config(
-        "configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.min_reward=0.4", "algorithm.min_advantage=1.0"]
-    )
-    algorithm = RAFT(config)
-    rewards = torch.tensor([0.1, 0.9, 0.5, 0.2, 1.0, 1.0, 1.0, 0.0])
-    groups = rewards.reshape(2, 4)
-    batch_std = rewards.std(unbiased=False)
-    expected_advantages = ((groups - groups.mean(1, keepdim=True)) / (batch_std + 1e-4)).flatten()
-    kept = [1, 2, 4, 5]
-    fitted = [float(rewards[i] >= 0.4 and expected_advantages[i] >= 1.0) for i in kept]
-    assert fitted == [
-        1.0,
-        0.0,
-        0.0,
-        0.0,
-    ]  # 0.5: about its group's mean; the 1s: 0.6 std above theirs
-    batch = RewardBatch({"r": rewards}, {"r": 1.0}, rewards, torch.tensor([0] * 4 + [1] * 4))
-    advantages = algorithm.advantages(batch)
-    torch.testing.assert_close(advantages, expected_advantages, rtol=1e-3, atol=1e-3)
-    x0 = torch.arange(8.0).reshape(8, 1, 1, 1).expand(8, 3, 2, 2)
-    rows = algorithm.training_rows([RolloutChunk(x0)], advantages, rewards, step=1)
-    assert rows.cond_index.tolist() == kept
-    assert rows.weights.tolist() == [4.0, 0.0, 0.0, 0.0]
-    assert rows.log["raft/fitted_share"] == pytest.approx(0.25)
-
-
 def test_raft_settings_are_checked():
     with pytest.raises(ConfigError, match=r"keep_per_group=4 .* below training.group_size=4"):
         load_config("configs/shapes_raft.yaml", [*TINY_RAFT, "algorithm.keep_per_group=4"])

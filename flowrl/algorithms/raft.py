@@ -10,8 +10,7 @@ fresh noise ``eps``::
     L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²  +  lambda || v_theta - v_ref ||²
 
 (means over pixels; with ``min_reward`` set, kept samples below it get weight 0 and the mean is taken
-over the global batch's fitted samples, ``w_i = 1[R_i >= min_reward] / share``; ``min_advantage`` adds
-``1[A_i >= min_advantage]`` with ``A_i`` the sample's group advantage; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
+over the global batch's fitted samples, ``w_i = 1[R_i >= min_reward] / share``; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
 too: fitting its own samples drifts a model away from its data, and without the pull the shapes model loses
 its colours within 60 steps). The rollout copy is the trained model itself after every step (on-policy
 sampling, RAFT's iterate "sample, rank, fine-tune"). Rejection sampling plus
@@ -69,7 +68,7 @@ class RAFT(ForwardProcessAlgorithm):
     """RAFT as a trainer algorithm: ODE rollouts, the best samples of each group, the flow-matching loss."""
 
     metric_keys: ClassVar[dict[str, str]] = {
-        "raft/fitted_share": "share of the kept samples fitted (at or above min_reward and min_advantage, if set)",
+        "raft/fitted_share": "share of the kept samples at or above min_reward, the ones fitted (with min_reward set)",
         "raft/flow_matching_loss": "the flow-matching loss on the kept samples",
         "raft/reference_mse": "||v_theta - v_ref||^2 to the frozen base",
         "raft/kept_reward": "mean total reward of the kept samples",
@@ -89,29 +88,16 @@ class RAFT(ForwardProcessAlgorithm):
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         return whole_groups("raft", num_samples, self.group_size) * self.config.keep_per_group
 
-    def fitted(self, rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor | None:
-        """``1`` for the kept samples (their rewards and group advantages given) that are fitted, ``0`` for
-        the others; None when every kept sample is fitted (neither ``min_reward`` nor ``min_advantage``)."""
-        if self.config.min_reward is None and self.config.min_advantage is None:
-            return None
-        passes = torch.ones_like(rewards, dtype=torch.bool)
-        if self.config.min_reward is not None:
-            passes &= rewards >= self.config.min_reward
-        if self.config.min_advantage is not None:
-            passes &= advantages.to(rewards.device) >= self.config.min_advantage
-        return passes.float()
-
     def advantages(self, rewards: RewardBatch) -> torch.Tensor:
         """The default group advantages (logged only: RAFT's loss has none); also the mean total reward of
-        the samples the step keeps and the share of them fitted, over the global batch."""
-        advantages = super().advantages(rewards)
-        kept = best_of_groups(rewards.total.float(), self.group_size, self.config.keep_per_group)
-        kept_rewards = rewards.total.float()[kept]
+        the samples the step keeps, over the global batch."""
+        kept_rewards = rewards.total.float()[
+            best_of_groups(rewards.total.float(), self.group_size, self.config.keep_per_group)
+        ]
         self.kept_reward = float(kept_rewards.mean())
-        fitted = self.fitted(kept_rewards, advantages[kept.to(advantages.device)])
-        if fitted is not None:
-            self.fitted_share = float(fitted.mean())
-        return advantages
+        if self.config.min_reward is not None:
+            self.fitted_share = float((kept_rewards >= self.config.min_reward).float().mean())
+        return super().advantages(rewards)
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
@@ -121,8 +107,8 @@ class RAFT(ForwardProcessAlgorithm):
         x0 = torch.cat([chunk.x0 for chunk in chunks])
         kept = best_of_groups(rewards.cpu(), self.group_size, self.config.keep_per_group)
         weights, log = None, {}
-        fitted = self.fitted(rewards.cpu()[kept], advantages.cpu()[kept])
-        if fitted is not None:
+        if self.config.min_reward is not None:
+            fitted = (rewards.cpu()[kept] >= self.config.min_reward).float()
             weights = fitted / self.fitted_share if self.fitted_share > 0 else fitted
             log = {"raft/fitted_share": self.fitted_share}
         return TrainRows(

@@ -31,11 +31,6 @@ class RAFTConfig(ForwardProcessConfig):
     #: global batch's fitted samples): the best of a group where every sample is wrong is not imitated
     #: (None: every kept sample is fitted, plain RAFT)
     min_reward: float | None = None
-    #: a kept sample whose group advantage (its reward minus its group's mean, over the std of
-    #: ``std_scope``) is below this is not fitted either: only samples that clearly beat their own group are
-    #: imitated, so a group where nearly every sample passes (nothing to select) adds no fitting of the
-    #: model's own samples (None: no such bound)
-    min_advantage: float | None = None
 
     def check(self, config: TrainConfig) -> None:
         super().check(config)
