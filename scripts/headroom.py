@@ -10,7 +10,16 @@ one of the ``K`` samples gets right. pass@K bounds what sharpening the
 model's own distribution can reach: an RL method that only moves probability
 between samples the model already draws cannot beat it.
 
+The ``K`` samples of an item are also a group as RL draws one (one prompt, ``K``
+noises), so the same run measures the signal a group carries per task: the
+within-group standard deviation of the strict verdict and of the partial score
+(mean over items, ``ddof = 0``) and the share of groups whose ``K`` rewards are all
+equal (which teach a group-normalised method nothing).
+
     python scripts/headroom.py --models shapes-base runs/main/model --cfg 1 3 --k 8 --out outputs/headroom.json
+
+Columns: mean, its spread between rounds, pass@K; the partial score's mean; the within-group std of the
+strict verdict (``std s``) and of the partial score (``std p``); the share of groups all equal (``eq``).
 """
 
 from __future__ import annotations
@@ -31,13 +40,21 @@ from flowrl.models import load_shapes_model
 from flowrl.worlds import WORLDS
 
 ROUND_SEED_STRIDE = 1_000_003
+#: per task, besides mean, round_std and pass@K: the signal in a group of the K samples of an item
+GROUP_KEYS = (
+    "partial_mean",
+    "strict_group_std",
+    "partial_group_std",
+    "strict_equal_groups",
+    "partial_equal_groups",
+)
 
 
 def headroom(model_name: str, guidance_scale: float, k: int, images_per_task: int, num_steps: int) -> dict:
     """Per-task mean accuracy, its between-round std and pass@K of one model at one guidance scale."""
     world = WORLDS["shapes"]
     sampler = partial(generate, load_shapes_model(model_name))
-    strict_rounds, tags = [], None
+    strict_rounds, partial_rounds, tags = [], [], None
     for round_index in range(k):
         _, _, items, rewards = evaluate(
             sampler,
@@ -49,21 +66,31 @@ def headroom(model_name: str, guidance_scale: float, k: int, images_per_task: in
             world=world,
         )
         strict_rounds.append(rewards["strict"].numpy())
+        partial_rounds.append(rewards["partial"].float().numpy())
         tags = np.array([record["tag"] for record, _ in items])
     strict = np.stack(strict_rounds, axis=1)  # [items, K]
+    partial_scores = np.stack(partial_rounds, axis=1)
     tasks = {}
     for task in world.tasks:
-        rows = strict[tags == task]
+        rows, partial_rows = strict[tags == task], partial_scores[tags == task]
         tasks[task] = {
             "mean": float(rows.mean()),
             "round_std": float(rows.mean(axis=0).std()),
             f"pass@{k}": float(rows.max(axis=1).mean()),
+            "partial_mean": float(partial_rows.mean()),
+            "strict_group_std": float(rows.std(axis=1).mean()),
+            "partial_group_std": float(partial_rows.std(axis=1).mean()),
+            "strict_equal_groups": float((rows.std(axis=1) == 0).mean()),
+            "partial_equal_groups": float((partial_rows.std(axis=1) == 0).mean()),
         }
     round_overall = np.mean([strict[tags == task].mean(axis=0) for task in world.tasks], axis=0)  # [K]
     tasks["overall"] = {
         "mean": float(round_overall.mean()),
         "round_std": float(round_overall.std()),
-        f"pass@{k}": float(np.mean([tasks[task][f"pass@{k}"] for task in world.tasks])),
+        **{
+            key: float(np.mean([tasks[task][key] for task in world.tasks]))
+            for key in (f"pass@{k}", *GROUP_KEYS)
+        },
     }
     return tasks
 
@@ -130,7 +157,10 @@ def main() -> None:
                 }
             )
 
-    header = f"{'model':28s} {'cfg':>4s} {'task':14s} {'mean':>6s} {'±round':>7s} {f'pass@{args.k}':>7s}"
+    header = (
+        f"{'model':28s} {'cfg':>4s} {'task':14s} {'mean':>6s} {'±round':>7s} {f'pass@{args.k}':>7s}"
+        f" {'partial':>7s} {'std s':>6s} {'std p':>6s} {'eq s':>5s} {'eq p':>5s}"
+    )
     print(header)
     print("-" * len(header))
     for result in results:
@@ -138,6 +168,10 @@ def main() -> None:
             print(
                 f"{result['model'][-28:]:28s} {result['guidance_scale']:4g} {task:14s} "
                 f"{values['mean']:6.3f} {values['round_std']:7.3f} {values[f'pass@{args.k}']:7.3f}"
+                + "".join(
+                    f" {values[key]:{width}.3f}"
+                    for key, width in zip(GROUP_KEYS, (7, 6, 6, 5, 5), strict=True)
+                )
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
