@@ -60,10 +60,12 @@ def resolve_mixed_precision(
 
 
 def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
-    """The autocast dtype of a ``training.mixed_precision`` value (None: float32 throughout)."""
+    """The autocast dtype of a resolved ``training.mixed_precision`` value (None: float32 throughout);
+    ``auto`` is resolved first (:func:`resolve_mixed_precision`)."""
     if mixed_precision not in _AUTOCAST_DTYPES:
         raise ValueError(
-            f"mixed_precision={mixed_precision!r} is not allowed; choose one of {MIXED_PRECISIONS}"
+            f"mixed_precision={mixed_precision!r} is not allowed here; choose one of {tuple(_AUTOCAST_DTYPES)} "
+            f"({AUTO!r} is resolved to one of them by resolve_mixed_precision)"
         )
     return _AUTOCAST_DTYPES[mixed_precision]
 
