@@ -81,8 +81,16 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
     overrides = {
         f.name: getattr(args, f.name) for f in fields(PretrainConfig) if getattr(args, f.name) is not None
     }
-    pretrain(build_section(PretrainConfig, overrides, "pretrain-shapes --"), args.out)
+    pretrain(build_section(PretrainConfig, overrides, "pretrain-shapes --"), args.out, resume=args.resume)
     print(f"wrote {args.out}")
+
+
+def _boolean(text: str) -> bool:
+    """A flag's ``true``/``false`` (also ``yes``/``no``, ``1``/``0``), as YAML writes booleans."""
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
+    return value
 
 
 def _parse_settings(pairs: list[str]) -> dict[str, object]:
@@ -287,9 +295,18 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
     pretrain.add_argument("--out", required=True, help="directory for the model and pretrain.json")
     from flowrl.pretrain_config import PretrainConfig  # a leaf module: its fields are the flags
 
+    pretrain.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in OUT/checkpoints (see --checkpoint-every); "
+        "a fresh start when there is none",
+    )
     for f in fields(PretrainConfig):
         pretrain.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=_boolean if isinstance(f.default, bool) else type(f.default),
+            default=None,
         )
     pretrain.set_defaults(run=_pretrain_shapes)
 

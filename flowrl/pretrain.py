@@ -41,11 +41,19 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from flowrl.checkpoint import (
+    LATEST,
+    checkpoint_config,
+    read_checkpoint,
+    resumable_checkpoint,
+    write_checkpoint,
+)
 from flowrl.learning_rate import learning_rate_factor
 from flowrl.models import load_shapes_model
 from flowrl.models.shapes import images_to_model_space
@@ -56,6 +64,9 @@ from flowrl.shapes.render import render_prompt
 from flowrl.video_shapes import grammar as video_grammar
 from flowrl.video_shapes.render import render_clip
 from samplers import induced_velocity, interval_pairs
+
+#: the folder of ``output_dir`` that holds the resumable checkpoints
+CHECKPOINTS = "checkpoints"
 
 
 def sample_times(batch_size: int, config: PretrainConfig) -> torch.Tensor:
@@ -158,6 +169,7 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             num_heads=config.num_heads,
             text_hidden_size=config.text_hidden_size,
             text_layers=config.text_layers,
+            pooled_text_modulation=config.pooled_text_modulation,
             prediction=config.prediction,
             mean_flow=meanflow,
             num_frames=config.num_frames if video else 1,
@@ -178,8 +190,64 @@ def save_model_atomically(model: ShapesDiT, directory: Path) -> None:
     temporary.rename(directory)
 
 
-def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
-    """Train a :class:`ShapesDiT` from scratch; save the EMA weights and ``pretrain.json`` to ``output_dir``."""
+def checkpoint_payload(
+    model: ShapesDiT,
+    ema: ShapesDiT,
+    optimizer: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    losses: list[float],
+    seconds: float,
+) -> dict[str, Any]:
+    """Everything a resumed run needs to continue bit for bit, in types ``torch.load(weights_only=True)``
+    reads (NumPy's generator state as JSON text)."""
+    return {
+        "model": model.state_dict(),
+        "ema": ema.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "progress": {
+            "losses": torch.tensor(losses, dtype=torch.float64),
+            "seconds": seconds,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": json.dumps(rng.bit_generator.state),
+        },
+    }
+
+
+def resume_from(
+    directory: Path,
+    config: PretrainConfig,
+    model: ShapesDiT,
+    ema: ShapesDiT,
+    optimizer: torch.optim.Optimizer,
+    rng: np.random.Generator,
+) -> tuple[int, list[float], float]:
+    """Restore the newest verified checkpoint of ``directory`` into the run; ``(step, losses, seconds)``, or a
+    fresh start ``(0, [], 0.0)`` when there is none. A checkpoint of different settings is refused."""
+    found = resumable_checkpoint(LATEST, directory)
+    if found is None:
+        return 0, [], 0.0
+    saved = checkpoint_config(found) or {}
+    changed = sorted(key for key, value in asdict(config).items() if saved.get(key) != value)
+    if changed:
+        raise ValueError(
+            f"--resume: {found} was written with other settings ({', '.join(changed)}); "
+            "resume with the same flags, or pretrain into a new --out"
+        )
+    step, payload = read_checkpoint(found)
+    model.load_state_dict(payload["model"])
+    ema.load_state_dict(payload["ema"])
+    optimizer.load_state_dict(payload["optimizer"])
+    progress = payload["progress"]
+    torch.set_rng_state(progress["torch_rng"])
+    rng.bit_generator.state = json.loads(progress["numpy_rng"])
+    return step, progress["losses"].tolist(), float(progress["seconds"])
+
+
+def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = False) -> ShapesDiT:
+    """Train a :class:`ShapesDiT` from scratch; save the EMA weights and ``pretrain.json`` to ``output_dir``.
+
+    ``resume``: continue from the newest checkpoint in ``<output_dir>/checkpoints`` (written every
+    ``checkpoint_every`` steps), bit for bit as if never stopped; a fresh start when there is none."""
     if config.time_sampling not in TIME_SAMPLINGS:
         raise ValueError(f"unknown time_sampling {config.time_sampling!r}; allowed: {TIME_SAMPLINGS}")
     if config.objective not in OBJECTIVES:
@@ -197,9 +265,18 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, betas=(0.9, 0.99), weight_decay=config.weight_decay
     )
-    losses: list[float] = []
+    checkpoints = output_dir / CHECKPOINTS
+    first_step, losses, seconds_before = (
+        resume_from(checkpoints, config, model, ema, optimizer, rng) if resume else (0, [], 0.0)
+    )
     start = time.time()
-    progress = tqdm(range(config.steps), desc=f"pretrain {config.world}", dynamic_ncols=True)
+    progress = tqdm(
+        range(first_step, config.steps),
+        desc=f"pretrain {config.world}",
+        dynamic_ncols=True,
+        initial=first_step,
+        total=config.steps,
+    )
     for step in progress:
         x0, prompts = training_batch(
             rng, config.batch_size, config.condition_dropout, config.world, config.num_frames
@@ -230,10 +307,14 @@ def pretrain(config: PretrainConfig, output_dir: str | Path) -> ShapesDiT:
             progress.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
         if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < config.steps:
             save_model_atomically(ema, output_dir / f"step_{step + 1:06d}")
+        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
+            seconds = seconds_before + time.time() - start
+            payload = checkpoint_payload(model, ema, optimizer, rng, losses, seconds)
+            write_checkpoint(checkpoints, step + 1, payload, config=asdict(config))
     ema.save_pretrained(output_dir)
     record = {
         "config": asdict(config),
-        "seconds": round(time.time() - start, 1),
+        "seconds": round(seconds_before + time.time() - start, 1),
         "threads": torch.get_num_threads(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "loss_every_100_steps": [

@@ -34,6 +34,8 @@ class PretrainConfig:
     num_heads: int = field(default=4, metadata=at_least(1))  #: ShapesDiT attention heads
     text_hidden_size: int = field(default=128, metadata=at_least(1))  #: text encoder width
     text_layers: int = field(default=2, metadata=at_least(1))  #: text encoder layers
+    #: the pooled prompt joins the time in adaLN (False: time only; the prompt acts through cross-attention)
+    pooled_text_modulation: bool = True
     #: ShapesDiT output: "velocity" or "sample" (x-prediction, same v-loss)
     prediction: str = field(default="sample", metadata=choice("velocity", "sample"))
     #: "uniform" or "logit_normal"
@@ -56,3 +58,6 @@ class PretrainConfig:
     )
     #: also save the EMA weights every this many steps (0: only at the end)
     save_every: int = field(default=0, metadata=at_least(0))
+    #: write a resumable checkpoint (weights, average, optimizer, random states) every this many steps
+    #: to ``<out>/checkpoints`` (0: none); ``--resume`` continues from the newest, bit for bit
+    checkpoint_every: int = field(default=0, metadata=at_least(0))

@@ -1,13 +1,16 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+import flowrl.pretrain
 from flowrl.cli import main
 from flowrl.evaluation import colour_drift, evaluation_items, geneval_scores
 from flowrl.models import SHIPPED_MODELS, load_shapes_model
 from flowrl.pretrain import PretrainConfig, learning_rate_at, pretrain
+from flowrl.pretrain import training_batch as real_training_batch
 from flowrl.shapes.grammar import TASKS, shipped_prompts
 from flowrl.shapes.render import render_prompt
 
@@ -48,6 +51,42 @@ def test_cli_pretrain_passes_settings(tmp_path):
     assert record["config"]["learning_rate"] == 0.002 and record["config"]["steps"] == 2
     assert record["config"]["seed"] == 3 and record["config"]["hidden_size"] == 32
     assert load_shapes_model(str(out)).config.hidden_size == 32
+
+
+def test_a_resumed_pretraining_ends_bit_for_bit_where_an_unbroken_one_does(tmp_path, monkeypatch):
+    settings = dict(TINY, steps=6, checkpoint_every=2, seed=4)
+    unbroken = pretrain(PretrainConfig(**settings), tmp_path / "unbroken")
+    broken = tmp_path / "broken"
+    pretrain(PretrainConfig(**settings), broken)  # leaves the checkpoints of steps 2 and 4
+    shutil.rmtree(broken / "checkpoints" / "step_000004")  # as if killed between steps 2 and 4
+    batches = []
+    monkeypatch.setattr(
+        flowrl.pretrain, "training_batch", lambda *a, **k: batches.append(1) or real_training_batch(*a, **k)
+    )
+    resumed = pretrain(PretrainConfig(**settings), broken, resume=True)
+    assert len(batches) == 4  # steps 3 to 6 only
+    for (name, p), q in zip(unbroken.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+    record = json.loads((broken / "pretrain.json").read_text())
+    unbroken_record = json.loads((tmp_path / "unbroken" / "pretrain.json").read_text())
+    assert record["loss_every_100_steps"] == unbroken_record["loss_every_100_steps"]
+    with pytest.raises(ValueError, match="other settings \\(learning_rate\\)"):
+        pretrain(PretrainConfig(**dict(settings, learning_rate=0.5)), broken, resume=True)
+    batches.clear()
+    pretrain(PretrainConfig(**settings), tmp_path / "nothing_yet", resume=True)
+    assert len(batches) == 6  # no checkpoint: a fresh start
+
+
+def test_the_cli_reads_boolean_flags_and_builds_a_model_without_pooled_modulation(tmp_path, capsys):
+    out = tmp_path / "model"
+    args = ["pretrain-shapes", "--out", str(out), "--steps", "1", "--batch-size", "2", "--warmup-steps", "0"]
+    args += ["--hidden-size", "32", "--depth", "1", "--num-heads", "2", "--pooled-text-modulation", "false"]
+    assert main(args) == 0
+    model = load_shapes_model(str(out))
+    assert model.config.pooled_text_modulation is False and model.text_to_condition is None
+    with pytest.raises(SystemExit):
+        main(args[:-1] + ["maybe"])
+    assert "'maybe' is not a boolean; use true or false" in capsys.readouterr().err
 
 
 def test_learning_rate_schedule():
