@@ -85,14 +85,6 @@ def _pretrain_shapes(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
-def _boolean(text: str) -> bool:
-    """A flag's ``true``/``false`` (also ``yes``/``no``, ``1``/``0``), as YAML writes booleans."""
-    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(text.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
-    return value
-
-
 def _parse_settings(pairs: list[str]) -> dict[str, object]:
     """``["key=value", ...]`` to a dict; values are read as YAML scalars (numbers, booleans, strings).
 
@@ -303,10 +295,7 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
     )
     for f in fields(PretrainConfig):
         pretrain.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            type=_boolean if isinstance(f.default, bool) else type(f.default),
-            default=None,
+            f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
         )
     pretrain.set_defaults(run=_pretrain_shapes)
 

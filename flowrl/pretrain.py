@@ -169,7 +169,6 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             num_heads=config.num_heads,
             text_hidden_size=config.text_hidden_size,
             text_layers=config.text_layers,
-            pooled_text_modulation=config.pooled_text_modulation,
             prediction=config.prediction,
             mean_flow=meanflow,
             num_frames=config.num_frames if video else 1,

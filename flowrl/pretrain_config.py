@@ -34,8 +34,6 @@ class PretrainConfig:
     num_heads: int = field(default=4, metadata=at_least(1))  #: ShapesDiT attention heads
     text_hidden_size: int = field(default=128, metadata=at_least(1))  #: text encoder width
     text_layers: int = field(default=2, metadata=at_least(1))  #: text encoder layers
-    #: the pooled prompt joins the time in adaLN (False: time only; the prompt acts through cross-attention)
-    pooled_text_modulation: bool = True
     #: ShapesDiT output: "velocity" or "sample" (x-prediction, same v-loss)
     prediction: str = field(default="sample", metadata=choice("velocity", "sample"))
     #: "uniform" or "logit_normal"

@@ -51,6 +51,10 @@ def test_cli_pretrain_passes_settings(tmp_path):
     assert record["config"]["learning_rate"] == 0.002 and record["config"]["steps"] == 2
     assert record["config"]["seed"] == 3 and record["config"]["hidden_size"] == 32
     assert load_shapes_model(str(out)).config.hidden_size == 32
+    chunked = tmp_path / "chunked"
+    args = [a if a != str(out) else str(chunked) for a in args] + ["--checkpoint-every", "1", "--resume"]
+    assert main(args) == 0 and (chunked / "checkpoints" / "step_000001").is_dir()
+    assert main(args) == 0  # the same line again: a finished run's last checkpoint resumes, step 2 reruns
 
 
 def test_a_resumed_pretraining_ends_bit_for_bit_where_an_unbroken_one_does(tmp_path, monkeypatch):
@@ -75,18 +79,6 @@ def test_a_resumed_pretraining_ends_bit_for_bit_where_an_unbroken_one_does(tmp_p
     batches.clear()
     pretrain(PretrainConfig(**settings), tmp_path / "nothing_yet", resume=True)
     assert len(batches) == 6  # no checkpoint: a fresh start
-
-
-def test_the_cli_reads_boolean_flags_and_builds_a_model_without_pooled_modulation(tmp_path, capsys):
-    out = tmp_path / "model"
-    args = ["pretrain-shapes", "--out", str(out), "--steps", "1", "--batch-size", "2", "--warmup-steps", "0"]
-    args += ["--hidden-size", "32", "--depth", "1", "--num-heads", "2", "--pooled-text-modulation", "false"]
-    assert main(args) == 0
-    model = load_shapes_model(str(out))
-    assert model.config.pooled_text_modulation is False and model.text_to_condition is None
-    with pytest.raises(SystemExit):
-        main(args[:-1] + ["maybe"])
-    assert "'maybe' is not a boolean; use true or false" in capsys.readouterr().err
 
 
 def test_learning_rate_schedule():

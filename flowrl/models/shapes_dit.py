@@ -18,9 +18,7 @@ Conditioning, designed so that binding, counts and positions are learnable:
   - every block cross-attends from image patches to these word tokens, so a
     patch can ask "which object belongs here";
   - the pooled text vector plus the time embedding drive adaLN-zero
-    modulation of every block (global facts such as the count); with
-    ``pooled_text_modulation=False`` the time alone does, and every word
-    reaches the image through cross-attention (a bag-of-words shortcut less);
+    modulation of every block (global facts such as the count);
   - image patches carry learned 2-D position embeddings, so "left" and
     "above" have a place to bind to.
 
@@ -87,9 +85,6 @@ class ShapesDiTConfig:
     num_frames: int = 1  #: frames per sample: 1 = an image model, more = a video model over clips
     frame_patch: int = 1  #: frames per token (tubelet depth) of a video model
     video_attention: str = "joint"  #: video: "joint" (space-time) or "factorized" (frame, then time)
-    #: the pooled prompt joins the time in the adaLN modulation; False: time only, and the prompt reaches the
-    #: image through cross-attention to its word tokens alone (PixArt-alpha's conditioning)
-    pooled_text_modulation: bool = True
 
 
 PREDICTIONS = ("velocity", "sample")
@@ -219,10 +214,6 @@ class TextEncoder(nn.Module):
         )
         self.encoder = nn.TransformerEncoder(layer, config.text_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width)
-        # words and positions on one scale (CLIP's and GPT-2's 0.02): with nn.Embedding's N(0, 1) the positions
-        # were 1/25 of the words, and the encoder saw a bag of words ("a red circle and a blue square" and
-        # "a blue circle and a red square" became nearly the same condition)
-        nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.position_embedding, std=0.02)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -390,9 +381,7 @@ class ShapesDiT(nn.Module):
             if config.mean_flow
             else None
         )
-        self.text_to_condition = (
-            nn.Linear(config.text_hidden_size, hidden) if config.pooled_text_modulation else None
-        )
+        self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
         self.blocks = nn.ModuleList(
             DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size, self.is_factorized)
             for _ in range(config.depth)
@@ -532,9 +521,7 @@ class ShapesDiT(nn.Module):
         if self.interval_mlp is not None:
             interval = t - (t if r is None else r.expand(x.shape[0]) if r.ndim == 0 else r)
             embedded_time = embedded_time + self.interval_mlp(timestep_embedding(interval, 256).to(x.dtype))
-        if self.text_to_condition is not None:
-            embedded_time = embedded_time + self.text_to_condition(text.pooled)
-        condition = F.silu(embedded_time)
+        condition = F.silu(embedded_time + self.text_to_condition(text.pooled))
         position = self.position_embedding
         if self.frame_embedding is not None:
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
