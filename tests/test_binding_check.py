@@ -13,22 +13,21 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 from binding_check import clause_shares, swap_sensitivity  # noqa: E402
 
-RED_CIRCLE_BLUE_SQUARE = {
-    "prompt": "a red circle and a blue square",
-    "tag": "color_attr",
-    "include": [
-        {"class": "circle", "count": 1, "color": "red"},
-        {"class": "square", "count": 1, "color": "blue"},
-    ],
-}
-BLUE_CIRCLE_RED_SQUARE = {
-    "prompt": "a blue circle and a red square",
-    "tag": "color_attr",
-    "include": [
-        {"class": "circle", "count": 1, "color": "blue"},
-        {"class": "square", "count": 1, "color": "red"},
-    ],
-}
+
+def colour_attribution(circle: str, square: str) -> dict:
+    """The record of "a <circle> circle and a <square> square"."""
+    return {
+        "prompt": f"a {circle} circle and a {square} square",
+        "tag": "color_attr",
+        "include": [
+            {"class": "circle", "count": 1, "color": circle},
+            {"class": "square", "count": 1, "color": square},
+        ],
+    }
+
+
+RED_CIRCLE_BLUE_SQUARE = colour_attribution("red", "blue")
+BLUE_CIRCLE_RED_SQUARE = colour_attribution("blue", "red")
 
 
 def renders(record: dict, count: int) -> torch.Tensor:
