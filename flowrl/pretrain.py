@@ -159,6 +159,14 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             )
         if meanflow and not model.config.mean_flow:
             model = model.as_mean_flow()
+        window = config.text_neighbour_window
+        if window and model.config.text_neighbour_window not in (0, window):
+            raise ValueError(
+                f"init_from={config.init_from!r} has text_neighbour_window={model.config.text_neighbour_window}; "
+                f"this run asks for {window}"
+            )
+        if window and not model.config.text_neighbour_window:
+            model = model.with_neighbour_window(window)
         return model
     return ShapesDiT(
         ShapesDiTConfig(
@@ -169,6 +177,7 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             num_heads=config.num_heads,
             text_hidden_size=config.text_hidden_size,
             text_layers=config.text_layers,
+            text_neighbour_window=config.text_neighbour_window,
             prediction=config.prediction,
             mean_flow=meanflow,
             num_frames=config.num_frames if video else 1,

@@ -34,6 +34,9 @@ class PretrainConfig:
     num_heads: int = field(default=4, metadata=at_least(1))  #: ShapesDiT attention heads
     text_hidden_size: int = field(default=128, metadata=at_least(1))  #: text encoder width
     text_layers: int = field(default=2, metadata=at_least(1))  #: text encoder layers
+    #: width (odd) of the text encoder's neighbour-word convolution (ShapesDiT's word order), 0 for none;
+    #: with ``init_from`` a model without one gets a zero one (the same function to start)
+    text_neighbour_window: int = field(default=0, metadata=at_least(0))
     #: ShapesDiT output: "velocity" or "sample" (x-prediction, same v-loss)
     prediction: str = field(default="sample", metadata=choice("velocity", "sample"))
     #: "uniform" or "logit_normal"

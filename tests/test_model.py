@@ -7,6 +7,7 @@ from flowrl.generate import generate
 from flowrl.models.noise import seeded_noise
 from flowrl.models.shapes_dit import ShapesDiT
 from samplers import euler, guided_velocity, timesteps
+from tests.conftest import tiny_config
 
 
 def test_forward_shape_and_dtype(tiny_model):
@@ -129,3 +130,33 @@ def test_text_contexts_are_reused_within_a_rollout_and_never_stale(tiny_model):
     # with gradients the text encoder runs every time, so that it trains
     flow.velocity(tiny_model, x, t, cond).sum().backward()
     assert len(calls) == 4 and next(tiny_model.text_encoder.parameters()).grad is not None
+
+
+def test_a_neighbour_window_starts_as_the_same_function_and_then_reads_word_order(tiny_model, tmp_path):
+    """``with_neighbour_window`` adds a zero convolution (the same velocity); with text positions zeroed the
+    encoder without it is blind to word order (the same pooled vector for the colours swapped), with a trained
+    convolution it is not; it round-trips through save and load."""
+    x, t = torch.randn(2, 3, 32, 32), torch.rand(2)
+    cond = tiny_model.encode_prompts(["a red circle and a blue square", "two squares"])
+    mixed = tiny_model.with_neighbour_window(3).eval()
+    assert mixed.config.text_neighbour_window == 3
+    assert torch.equal(mixed(x, t, *cond), tiny_model(x, t, *cond))
+    with pytest.raises(ValueError, match="already has text_neighbour_window=3"):
+        mixed.with_neighbour_window(5)
+    with torch.no_grad():
+        for model in (tiny_model, mixed):
+            model.text_encoder.position_embedding.zero_()
+        mixed.text_encoder.neighbour_mixing.weight.normal_(std=0.1)
+    prompts = ["a red circle and a blue square", "a blue circle and a red square"]
+    for model, blind in ((tiny_model, True), (mixed, False)):
+        pooled = model.encode_text(*model.encode_prompts(prompts)).pooled
+        assert torch.allclose(pooled[0], pooled[1], atol=1e-5) == blind
+    mixed.save_pretrained(tmp_path / "mixed")
+    loaded = ShapesDiT.from_pretrained(tmp_path / "mixed").eval()
+    assert torch.equal(loaded(x, t, *cond), mixed(x, t, *cond))
+
+
+@pytest.mark.parametrize("window", [2, -1, 17, True])
+def test_a_neighbour_window_must_be_zero_or_odd(window):
+    with pytest.raises(ValueError, match=f"text_neighbour_window={window!r} is not allowed"):
+        ShapesDiT(dataclasses.replace(tiny_config(), text_neighbour_window=window))

@@ -57,6 +57,20 @@ def test_cli_pretrain_passes_settings(tmp_path):
     assert main(args) == 0  # the same line again: a finished run's last checkpoint resumes, step 2 reruns
 
 
+def test_pretraining_adds_and_trains_a_neighbour_window_on_a_model_without_one(tiny_model_dir, tmp_path):
+    """``text_neighbour_window`` with ``init_from``: the loaded model gets a zero convolution, which the steps
+    move; a fresh model is built with it; an init model with another window is refused by name."""
+    config = PretrainConfig(**{**TINY, "steps": 2}, init_from=str(tiny_model_dir), text_neighbour_window=3)
+    mixing = pretrain(config, tmp_path / "mixed").text_encoder.neighbour_mixing
+    assert mixing.kernel_size == (3,) and mixing.weight.abs().sum() > 0
+    assert load_shapes_model(str(tmp_path / "mixed")).config.text_neighbour_window == 3
+    fresh = pretrain(PretrainConfig(**TINY, text_neighbour_window=5), tmp_path / "fresh")
+    assert fresh.text_encoder.neighbour_mixing.kernel_size == (5,)
+    other = PretrainConfig(**TINY, init_from=str(tmp_path / "mixed"), text_neighbour_window=5)
+    with pytest.raises(ValueError, match="has text_neighbour_window=3; this run asks for 5"):
+        pretrain(other, tmp_path / "other")
+
+
 def test_a_resumed_pretraining_ends_bit_for_bit_where_an_unbroken_one_does(tmp_path, monkeypatch):
     settings = dict(TINY, steps=6, checkpoint_every=2, seed=4)
     unbroken = pretrain(PretrainConfig(**settings), tmp_path / "unbroken")
