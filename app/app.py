@@ -38,6 +38,7 @@ from app.runs import Catalog, left_out_runs, load_model, reward_spec, run_config
 from app.scores import CARDS_CSS, ImageScores, build_reward, score_images, scores_cards
 from flowrl.checkpoint import CheckpointError
 from flowrl.generate import generate
+from flowrl.models import DEFAULT_BASE
 from flowrl.run_log import plot_curves, read_metrics
 from flowrl.shapes.grammar import TASKS, PromptRecord
 from rewards import MissingWeightsError, RewardError
@@ -282,7 +283,7 @@ def _side_outputs(side: str) -> tuple[gr.Gallery, gr.HTML]:
 
 def build_app(
     tuned: str | None = None,
-    base: str = "shapes-base",
+    base: str = DEFAULT_BASE,
     runs_root: str | Path = "runs",
     trust_run_code: bool = False,
 ) -> gr.Blocks:
@@ -369,7 +370,7 @@ def build_app(
 
 def launch(
     tuned: str | None = None,
-    base: str = "shapes-base",
+    base: str = DEFAULT_BASE,
     runs_root: str | Path = "runs",
     host: str = "127.0.0.1",
     port: int | None = None,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flowrl.shipped_models import DEFAULT_BASE
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The demo's arguments (model choice, where runs live, where to serve, whether runs may name code)."""
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="run directory, checkpoint or model directory (default: newest run)",
     )
-    parser.add_argument("--base", default="shapes-base", help="shipped model name or model directory")
+    parser.add_argument("--base", default=DEFAULT_BASE, help="shipped model name or model directory")
     parser.add_argument("--runs", default="runs", help="directory whose runs the run selector lists")
     parser.add_argument(
         "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from flowrl.checkpoint import MANIFEST, list_checkpoints, read_checkpoint, resumable_checkpoint
-from flowrl.models import SHIPPED_MODELS, ShapesDiT, load_shapes_model
+from flowrl.models import DEFAULT_BASE, SHIPPED_MODELS, ShapesDiT, load_shapes_model
 from flowrl.models.shapes_dit import CONFIG_NAME, ShapesDiTConfig, read_model_config
 from flowrl.yaml_reading import MAX_YAML_CHARS, parse_yaml
 
@@ -174,7 +174,7 @@ class Catalog:
     """
 
     root: Path = Path("runs")
-    base: str = "shapes-base"
+    base: str = DEFAULT_BASE
     tuned: str | None = None
 
     def tuned_choices(self) -> list[str]:
@@ -255,7 +255,7 @@ def _cached(source: str, base: str, stamp: float, device: str) -> ShapesDiT:
     return _resolve(source, base).to(device).eval()
 
 
-def load_model(source: str, base: str = "shapes-base", device: str | torch.device = "cpu") -> ShapesDiT:
+def load_model(source: str, base: str = DEFAULT_BASE, device: str | torch.device = "cpu") -> ShapesDiT:
     """The model of a source (see module docstring), cached until the source changes on disk.
 
     ``base`` names the architecture of a checkpoint whose run has no ``config.yaml``.

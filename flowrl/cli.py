@@ -18,6 +18,8 @@ from dataclasses import fields
 from importlib import metadata
 from pathlib import Path
 
+from flowrl.shipped_models import DEFAULT_BASE
+
 DESCRIPTION = """\
 flowrl: reinforcement-learning alignment of flow-matching image and video generators.
 "flowrl COMMAND --help" tells more about a command; the README has a walk-through."""
@@ -226,7 +228,7 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sample = commands.add_parser("sample", help="write an image grid for prompts and seeds")
-    sample.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
+    sample.add_argument("--model", default=DEFAULT_BASE, help="shipped model name or model directory")
     sample.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     sample.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1, 2, 3])
     sample.add_argument("--steps", type=positive_int, default=20)
@@ -239,7 +241,7 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
         help="GenEval-style scores on the held-out (or training) prompts of the model's world (shapes images or "
         "moving-shapes clips)",
     )
-    evaluation.add_argument("--model", default="shapes-base", help="shipped model name or model directory")
+    evaluation.add_argument("--model", default=DEFAULT_BASE, help="shipped model name or model directory")
     evaluation.add_argument(
         "--cfg", type=guidance_scale, nargs="+", default=[1.0], help="guidance scales to evaluate"
     )

@@ -36,6 +36,7 @@ from flowrl.models.shapes import (
 )
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.models.wan import WanModel, WanModelConfig
+from flowrl.shipped_models import DEFAULT_BASE
 
 if TYPE_CHECKING:
     from flowrl.train_config import TrainConfig
@@ -120,6 +121,7 @@ def backend_class(name: str) -> type:
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BASE",
     "SHIPPED_MODELS",
     "DiffusersFlowModel",
     "DiffusersModelConfig",

@@ -23,18 +23,12 @@ from flowrl.config_schema import ConfigError, choice
 from flowrl.models.dtypes import DTYPES
 from flowrl.models.noise import seeded_noise
 from flowrl.models.shapes_dit import ShapesDiT, TextContext
+from flowrl.shipped_models import SHIPPED_MODELS
 from flowrl.weight_copies import ModuleCopies
 from samplers import timesteps
 
 if TYPE_CHECKING:
     from flowrl.train_config import TrainConfig
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED_MODELS = {
-    "shapes-base": ASSETS / "shapes_base",
-    "shapes-meanflow": ASSETS / "shapes_meanflow",
-    "shapes-video": ASSETS / "shapes_video",
-}
 
 
 def load_shapes_model(name_or_path: str) -> ShapesDiT:
