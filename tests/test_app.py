@@ -201,7 +201,12 @@ def test_an_unexpected_error_is_one_line_without_traceback(run, catalog, monkeyp
 
 def test_demo_command_binds_to_loopback_and_trusts_no_run_code_unless_told():
     args = build_parser().parse_args(["runs/main"])
-    assert (args.tuned, args.host, args.share, args.base) == ("runs/main", "127.0.0.1", False, "shapes-base-v2")
+    assert (args.tuned, args.host, args.share, args.base) == (
+        "runs/main",
+        "127.0.0.1",
+        False,
+        "shapes-base-v2",
+    )
     assert args.trust_run_code is False
     assert build_parser().parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"
     assert build_parser().parse_args(["--trust-run-code"]).trust_run_code is True

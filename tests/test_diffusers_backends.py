@@ -302,6 +302,8 @@ def test_backend_settings_are_checked_before_any_model_loads(tmp_path):
         load_config(None, ["model.backend=sd3", "model.name=somewhere", "model.attention_backend=warp"])
     with pytest.raises(ConfigError, match="model.name=''.*sd3"):
         load_config(None, ["model.backend=sd3"])
+    with pytest.raises(ConfigError, match="model.name='shapes-base-v2'.*flux"):
+        load_config(None, ["model.backend=flux", "model.name=shapes-base-v2"])
     with pytest.raises(ConfigError, match="sampler.negative_prompt='blurry'.*shapes backend.*allowed: ''"):
         load_config(None, ["sampler.negative_prompt=blurry"])
     with pytest.raises(ConfigError, match="model.height=20.*multiple of 16"):

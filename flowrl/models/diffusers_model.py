@@ -36,6 +36,7 @@ from torch import nn
 from flowrl.config_schema import ConfigError, at_least, choice
 from flowrl.models.dtypes import DTYPES
 from flowrl.models.noise import seeded_noise
+from flowrl.shipped_models import SHIPPED_MODELS
 from flowrl.weight_copies import AdapterCopies, ModuleCopies
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class DiffusersFlowModel:
     def check(cls, config: TrainConfig) -> None:
         """Model settings that need more than one key (or another section), before anything loads."""
         model = config.model
-        if model.name in ("", "shapes-base"):
+        if not model.name or model.name in SHIPPED_MODELS:
             raise ConfigError(
                 f"model.name={model.name!r} is not allowed for model.backend={model.backend!r}; give a diffusers "
                 "pipeline id (e.g. stabilityai/stable-diffusion-3.5-medium) or directory"
