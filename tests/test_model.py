@@ -143,6 +143,8 @@ def test_a_neighbour_window_starts_as_the_same_function_and_then_reads_word_orde
     assert torch.equal(mixed(x, t, *cond), tiny_model(x, t, *cond))
     with pytest.raises(ValueError, match="already has text_neighbour_window=3"):
         mixed.with_neighbour_window(5)
+    with pytest.raises(ValueError, match="text_neighbour_window=0 adds nothing"):
+        tiny_model.with_neighbour_window(0)
     with torch.no_grad():
         for model in (tiny_model, mixed):
             model.text_encoder.position_embedding.zero_()
