@@ -1,18 +1,14 @@
 """The flowrl demo: one prompt and seeds through a base and a tuned model, side by side, with their rewards.
 
-:func:`compare` and :func:`run_overview` are the plain functions behind the
-UI (usable and testable without a browser); :func:`on_generate` is the
-event handler that turns their errors into messages; :func:`build_app` lays
-out the ``gr.Blocks``; :func:`launch` serves it, on the loopback interface
-unless told otherwise. Generation runs in Gradio's queue (one at a time, off
-the UI thread) with a progress bar.
+:func:`compare` and :func:`run_overview` are the plain functions behind the UI (usable and testable without a
+browser); :func:`on_generate` is the event handler that turns their errors into messages; :func:`build_app`
+lays out the ``gr.Blocks``; :func:`launch` serves it, on the loopback interface unless told otherwise.
+Generation runs in Gradio's queue (one at a time, off the UI thread) with a progress bar.
 
-Anyone who reaches the server can call its API with any values, so the
-handlers take their inputs raw (no Gradio preprocessing) and check each one
-themselves: models only from the :class:`~app.runs.Catalog` (the runs under
-the runs root and the models named on the command line), and a run's reward
-only from registered rewards unless the app was started with
-``--trust-run-code``.
+Anyone who reaches the server can call its API with any values, so the handlers take their inputs raw (no
+Gradio preprocessing) and check each one themselves: models only from the :class:`~app.runs.Catalog` (the runs
+under the runs root and the models named on the command line), and a run's reward only from registered
+rewards unless the app was started with ``--trust-run-code``.
 """
 
 from __future__ import annotations
@@ -101,11 +97,9 @@ def compare(
 ) -> Comparison:
     """Generate ``num_images`` images (seeds ``seed, seed + 1, ...``) of ``prompt`` with both models and score them.
 
-    ``base`` and ``tuned`` must be offered by ``catalog``. Both sides are
-    scored with the reward the tuned model's run trained with, which may name
-    code to import (a dotted path) only when ``trust_run_code``. Bad input
-    raises ``ValueError`` (or ``FileNotFoundError`` for a missing model) with
-    a message meant for the person using the app.
+    ``base`` and ``tuned`` must be offered by ``catalog``. Both sides are scored with the reward the tuned
+    model's run trained with, which may name code to import (a dotted path) only when ``trust_run_code``. Bad
+    input raises ``ValueError`` (or ``FileNotFoundError`` for a missing model) with a message for the user.
     """
     num_images, num_steps, seed = int(num_images), int(num_steps), int(seed)
     base_cfg, tuned_cfg = float(base_cfg), float(tuned_cfg)
@@ -196,8 +190,8 @@ def on_generate(
 ) -> tuple[list, str, list, str, str]:
     """The Generate button: ``(base gallery, base scores, tuned gallery, tuned scores, summary)``.
 
-    Every error becomes a ``gr.Error``, which the app shows as a message.
-    ``catalog`` and ``trust_run_code`` are bound by :func:`build_app`.
+    Every error becomes a ``gr.Error``, which the app shows as a message; ``catalog`` and ``trust_run_code`` are
+    bound by :func:`build_app`.
     """
     try:
         result = compare(
@@ -283,20 +277,21 @@ def _side_outputs(side: str) -> tuple[gr.Gallery, gr.HTML]:
 
 def build_app(
     tuned: str | None = None,
-    base: str = DEFAULT_BASE,
+    base: str | None = None,
     runs_root: str | Path = "runs",
     trust_run_code: bool = False,
 ) -> gr.Blocks:
-    """The demo as ``gr.Blocks``; ``tuned`` defaults to the newest run under ``runs_root``.
+    """The demo as ``gr.Blocks``; ``tuned`` defaults to the newest run under ``runs_root``, ``base`` to the
+    tuned run's own base model (then :data:`DEFAULT_BASE`); choosing another run selects its base.
 
-    It offers, and loads, only the runs under ``runs_root`` and the ``base``
-    and ``tuned`` models given here (see :class:`~app.runs.Catalog`); a run's
-    reward may name code to import only when ``trust_run_code``.
+    It offers, and loads, only the runs under ``runs_root`` and the ``base`` and ``tuned`` models given here
+    (see :class:`~app.runs.Catalog`); a run's reward may name code to import only when ``trust_run_code``.
     """
-    catalog = Catalog(Path(runs_root), base, tuned)
+    catalog = Catalog(Path(runs_root), base or DEFAULT_BASE, tuned)
     tuned_choices = catalog.tuned_choices()
     left_out = left_out_runs(runs_root)
     tuned = tuned or (tuned_choices[0] if tuned_choices else None)
+    base = base or catalog.run_base(tuned) or DEFAULT_BASE
     generate_event = functools.partial(on_generate, catalog=catalog, trust_run_code=trust_run_code)
     overview_event = functools.partial(run_overview, catalog=catalog)
     first_task = TASKS[0]
@@ -364,13 +359,20 @@ def build_app(
         tuned_box.change(
             overview_event, tuned_box, [curves, run_text], api_name="run_overview", preprocess=False
         )
+        tuned_box.change(
+            lambda source: catalog.run_base(source) or gr.skip(),
+            tuned_box,
+            base_box,
+            api_visibility="private",
+            preprocess=False,
+        )
         demo.load(overview_event, tuned_box, [curves, run_text], api_visibility="private", preprocess=False)
     return demo
 
 
 def launch(
     tuned: str | None = None,
-    base: str = DEFAULT_BASE,
+    base: str | None = None,
     runs_root: str | Path = "runs",
     host: str = "127.0.0.1",
     port: int | None = None,

@@ -20,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="run directory, checkpoint or model directory (default: newest run)",
     )
-    parser.add_argument("--base", default=DEFAULT_BASE, help="shipped model name or model directory")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help=f"shipped model name or model directory (default: the tuned run's own base, else {DEFAULT_BASE})",
+    )
     parser.add_argument("--runs", default="runs", help="directory whose runs the run selector lists")
     parser.add_argument(
         "--host", default="127.0.0.1", help="bind address; loopback unless you mean to expose it"

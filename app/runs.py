@@ -195,6 +195,17 @@ class Catalog:
             )
         return source
 
+    def run_base(self, source: object) -> str | None:
+        """The base model the run of an offered tuned ``source`` was trained from (its ``config.yaml``'s
+        ``model.name``) when the app offers it; ``None`` otherwise (not offered, no run, no or a malformed
+        config), so that base and tuned are compared on the same base by default."""
+        try:
+            model = run_config(self.run_dir(self.checked_tuned(source))).get("model")
+        except ValueError:
+            return None
+        name = model.get("name") if isinstance(model, dict) else None
+        return name if name in self.base_choices() else None
+
     def checked_base(self, source: object) -> str:
         """``source`` if it is an offered base model; ``ValueError`` otherwise (not naming it)."""
         if not isinstance(source, str) or source not in self.base_choices():

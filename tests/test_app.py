@@ -119,6 +119,27 @@ def test_runs_are_listed_newest_first_and_the_app_opens_on_the_newest(tmp_path, 
     assert not selector.allow_custom_value and not base.allow_custom_value  # no typed-in paths
 
 
+def test_the_base_defaults_to_the_runs_own_base(tmp_path, tiny_model, tiny_model_dir):
+    """A run trained from shipped shapes-base is compared with shapes-base, not the newer default; a run whose
+    base the app does not offer, or a source it does not offer, gives no base (the default stays)."""
+    root = tmp_path / "runs"
+    from_v1 = make_run(root / "from_v1", tiny_model_dir, tiny_model)
+    config = from_v1 / "config.yaml"
+    config.write_text(config.read_text().replace(str(tiny_model_dir), "shapes-base"))
+    elsewhere = make_run(root / "elsewhere", tmp_path / "not_offered", tiny_model)
+    catalog = Catalog(root)
+    assert catalog.run_base(str(from_v1)) == "shapes-base"
+    assert catalog.run_base(str(from_v1 / "checkpoints" / "step_000005")) == "shapes-base"
+    assert catalog.run_base(str(elsewhere)) is None
+    assert catalog.run_base(str(tmp_path / "not_listed")) is None and catalog.run_base(None) is None
+    boxes = {
+        getattr(b, "label", None): b for b in demo_app.build_app(str(from_v1), runs_root=root).blocks.values()
+    }
+    assert boxes["Base model"].value == "shapes-base"
+    named = demo_app.build_app(str(from_v1), str(tiny_model_dir), root).blocks.values()
+    assert {getattr(b, "label", None): b for b in named}["Base model"].value == str(tiny_model_dir)
+
+
 def test_run_overview_draws_the_curves_of_the_run(run, tiny_model_dir, catalog):
     curves, text = run_overview(str(run / "checkpoints" / "step_000005"), catalog=catalog)
     assert curves is not None and curves.endswith(".png")
@@ -205,7 +226,7 @@ def test_demo_command_binds_to_loopback_and_trusts_no_run_code_unless_told():
         "runs/main",
         "127.0.0.1",
         False,
-        "shapes-base-v2",
+        None,  # the run's own base, else shapes-base-v2 (test_the_base_defaults_to_the_runs_own_base)
     )
     assert args.trust_run_code is False
     assert build_parser().parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"
