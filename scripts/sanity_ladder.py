@@ -48,6 +48,7 @@ RECIPES: dict[str, str] = {
     "crd": "configs/shapes_crd.yaml",
     "raft": "configs/shapes_raft.yaml",
     "meanflow_nft": "configs/shapes_meanflownft.yaml",
+    "fpo": "configs/shapes_fpo.yaml",
 }
 
 #: recipe settings in the verifier's units, dropped on the other rungs (RAFT fits only samples the verifier

@@ -81,7 +81,7 @@ def base_weights(transformer):
     return {name: value.clone() for name, value in transformer.state_dict().items() if "lora_" not in name}
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "crd"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "crd", "fpo"])
 def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file, tmp_path, algorithm):
     kind, model_dir = pipeline_dir
     config = config_for(kind, model_dir, prompt_file, tmp_path / "run", f"algorithm.name={algorithm}")
@@ -116,9 +116,9 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
         for name in adapters_after
     }
     assert changed["default"] > 0, "the trained adapter did not move"
-    # NFT's soft update moves the old adapter a little; GRPO copies the trained one after the step.
+    # NFT's soft update moves the old adapter a little; GRPO and FPO copy the trained one after the step.
     assert changed["old"] > 0
-    if algorithm == "flow_grpo":
+    if algorithm in ("flow_grpo", "fpo"):
         for key, value in adapters_after["default"].items():
             assert torch.equal(adapters_after["old"][key], value)
     if algorithm == "crd":  # the decoupled rollout adapter copies the trained one for rollout_delay_steps
@@ -133,6 +133,8 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
     assert row["memory/peak_gb"] > 0 and np.isfinite(row["loss"])
     if algorithm == "flow_grpo":
         assert row["grpo/ratio"] == 1.0 and row["grpo/clip_fraction"] == 0.0
+    if algorithm == "fpo":  # one update: the adapters of theta and theta_old are the same weights
+        assert row["fpo/ratio"] == 1.0 and row["fpo/clip_fraction"] == 0.0
 
 
 def test_resume_continues_exactly(pipeline_dir, prompt_file, tmp_path):

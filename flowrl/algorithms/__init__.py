@@ -17,6 +17,8 @@ from flowrl.algorithms.branch_grpo import BranchGRPO
 from flowrl.algorithms.crd import CRD
 from flowrl.algorithms.crd_config import CRDConfig
 from flowrl.algorithms.flow_grpo import FlowGRPO
+from flowrl.algorithms.fpo import FPO
+from flowrl.algorithms.fpo_config import FPOConfig
 from flowrl.algorithms.grpo_config import BranchGRPOConfig, FlowGRPOConfig
 from flowrl.algorithms.meanflow_nft import MeanFlowNFT
 from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
@@ -46,6 +48,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "flow_grpo": AlgorithmEntry(FlowGRPO, FlowGRPOConfig),
     "branch_grpo": AlgorithmEntry(BranchGRPO, BranchGRPOConfig),
     "raft": AlgorithmEntry(RAFT, RAFTConfig),
+    "fpo": AlgorithmEntry(FPO, FPOConfig),
 }
 
 
@@ -76,6 +79,7 @@ __all__ = [
     "BranchGRPO",
     "CRD",
     "DiffusionNFT",
+    "FPO",
     "FlowGRPO",
     "MeanFlowNFT",
     "RAFT",

@@ -94,8 +94,9 @@ class ForwardProcessAlgorithm(Algorithm):
         grid: torch.Tensor,
         step: int,
     ) -> dict[str, torch.Tensor]:
+        count = self.config.train_timesteps
         times = training_times(
-            generator, num_samples, self.passes, grid, self.config.timesteps, self.config.min_train_time
+            generator, num_samples, count, grid, self.config.timesteps, self.config.min_train_time
         )
-        noise = torch.randn(self.passes, num_samples, *sample_shape, generator=generator)
+        noise = torch.randn(count, num_samples, *sample_shape, generator=generator)
         return {"t": times, "noise": noise}
