@@ -49,6 +49,7 @@ RECIPES: dict[str, str] = {
     "raft": "configs/shapes_raft.yaml",
     "meanflow_nft": "configs/shapes_meanflownft.yaml",
     "fpo": "configs/shapes_fpo.yaml",
+    "prdp": "configs/shapes_prdp.yaml",
 }
 
 #: recipe settings in the verifier's units, dropped on the other rungs (RAFT fits only samples the verifier

@@ -48,7 +48,8 @@ def config_for(kind, model_dir, prompts, output_dir, *overrides):
 def overrides_for(kind, model_dir, prompts, output_dir, *overrides):
     """A one-step tiny run (2 prompts x 4 images at 32x32, jpeg reward) of the ``kind`` pipeline."""
     grpo = any(
-        override in ("algorithm.name=flow_grpo", "algorithm.name=branch_grpo") for override in overrides
+        override in ("algorithm.name=flow_grpo", "algorithm.name=branch_grpo", "algorithm.name=prdp")
+        for override in overrides
     )
     return [
         f"model.backend={kind}",
@@ -81,7 +82,7 @@ def base_weights(transformer):
     return {name: value.clone() for name, value in transformer.state_dict().items() if "lora_" not in name}
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "crd", "fpo"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "crd", "fpo", "prdp"])
 def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file, tmp_path, algorithm):
     kind, model_dir = pipeline_dir
     config = config_for(kind, model_dir, prompt_file, tmp_path / "run", f"algorithm.name={algorithm}")
@@ -116,9 +117,9 @@ def test_a_training_step_changes_only_the_lora_weights(pipeline_dir, prompt_file
         for name in adapters_after
     }
     assert changed["default"] > 0, "the trained adapter did not move"
-    # NFT's soft update moves the old adapter a little; GRPO and FPO copy the trained one after the step.
+    # NFT's soft update moves the old adapter a little; GRPO, FPO and PRDP copy the trained one after the step.
     assert changed["old"] > 0
-    if algorithm in ("flow_grpo", "fpo"):
+    if algorithm in ("flow_grpo", "fpo", "prdp"):
         for key, value in adapters_after["default"].items():
             assert torch.equal(adapters_after["old"][key], value)
     if algorithm == "crd":  # the decoupled rollout adapter copies the trained one for rollout_delay_steps

@@ -45,6 +45,7 @@ TINY_SHAPES = {
     "crd": ["training.updates_per_step=2"],
     "meanflow_nft": ["training.updates_per_step=2"],
     "fpo": ["training.updates_per_step=2"],
+    "prdp": ["training.updates_per_step=2"],
     "branch_grpo": ["algorithm.split_steps=[0,1]"],
     "branch_grpo_mix": ["algorithm.split_steps=[0,1]", "algorithm.sde_window_size=2"],
     # RAFT's threshold is in the verifier's units, and its pull toward the base holds a tiny model still at

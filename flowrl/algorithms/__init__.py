@@ -24,6 +24,8 @@ from flowrl.algorithms.meanflow_nft import MeanFlowNFT
 from flowrl.algorithms.meanflow_nft_config import MeanFlowNFTConfig
 from flowrl.algorithms.nft import DiffusionNFT
 from flowrl.algorithms.nft_config import NFTConfig
+from flowrl.algorithms.prdp import PRDP
+from flowrl.algorithms.prdp_config import PRDPConfig
 from flowrl.algorithms.raft import RAFT
 from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.config_schema import ConfigError
@@ -49,6 +51,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "branch_grpo": AlgorithmEntry(BranchGRPO, BranchGRPOConfig),
     "raft": AlgorithmEntry(RAFT, RAFTConfig),
     "fpo": AlgorithmEntry(FPO, FPOConfig),
+    "prdp": AlgorithmEntry(PRDP, PRDPConfig),
 }
 
 
@@ -82,6 +85,7 @@ __all__ = [
     "FPO",
     "FlowGRPO",
     "MeanFlowNFT",
+    "PRDP",
     "RAFT",
     "RolloutChunk",
     "StepEnd",

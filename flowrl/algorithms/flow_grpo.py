@@ -18,7 +18,7 @@ from flowrl.advantages import RewardBatch, zero_std_groups
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
 from flowrl.algorithms.grpo import GRPOAlgorithm, sde_window
 from flowrl.algorithms.grpo_config import FlowGRPOConfig
-from samplers import VelocityFn, sde_sample, stochastic_steps
+from samplers import VelocityFn, stochastic_steps
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -63,22 +63,7 @@ class FlowGRPO(GRPOAlgorithm):
         if self.config.same_group_noise:
             size = self.train_config.training.group_size
             noise = noise[::size].repeat_interleave(size, dim=0)
-        rollout = sde_sample(
-            velocity,
-            noise,
-            grid,
-            cond,
-            self.config.noise_level,
-            self.config.sde_variant,
-            sde_window(self.train_config, step),
-            generator,
-        )
-        data = {
-            "latents": rollout.latents,
-            "log_probs": rollout.log_probs,
-            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
-        }
-        return RolloutChunk(rollout.x0, data)
+        return self.sde_rollout(velocity, noise, grid, cond, generator, step)
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int

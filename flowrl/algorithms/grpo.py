@@ -27,10 +27,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from flowrl.algorithms.base import Algorithm, StepEnd, TrainBatch, weighted_mean
+from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, weighted_mean
 from flowrl.algorithms.grpo_config import GRPOConfig
 from flowrl.policy import OLD, REFERENCE
-from samplers import SDEStep, VelocityFn, broadcast_rows, concat_rows, sliding_window, transition_log_prob
+from samplers import (
+    SDEStep,
+    VelocityFn,
+    broadcast_rows,
+    concat_rows,
+    sde_sample,
+    sliding_window,
+    transition_log_prob,
+)
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -93,6 +101,34 @@ class GRPOAlgorithm(Algorithm):
         attention "fast path" (nn.TransformerEncoder, nn.MultiheadAttention) runs only for frozen or no-grad
         eval-mode calls, i.e. for the rollout copy alone: it is switched off (process-wide) for GRPO runs."""
         torch.backends.mha.set_fastpath_enabled(False)
+
+    def sde_rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        """Flow-SDE rollouts of iteration ``step`` (its SDE window) keeping every latent ``[B, S + 1, ...]``,
+        log-probability ``[B, S]`` and the grid per sample ``[B, S + 1]``."""
+        rollout = sde_sample(
+            velocity,
+            noise,
+            grid,
+            cond,
+            self.config.noise_level,
+            self.config.sde_variant,
+            sde_window(self.train_config, step),
+            generator,
+        )
+        data = {
+            "latents": rollout.latents,
+            "log_probs": rollout.log_probs,
+            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
+        }
+        return RolloutChunk(rollout.x0, data)
 
     def _velocity(self, velocity: VelocityFn, policy: Policy, cond: Any) -> VelocityFn:
         """``velocity``, or with ``train_guidance`` its CFG mix ``v_u + w (v_c - v_u)`` with the
