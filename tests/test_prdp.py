@@ -129,7 +129,18 @@ def test_prdp_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_
     overrides = [*TINY_PRDP, "training.steps=2", "training.threads=1", f"model.name={tiny_model_dir}"]
     config = load_config("configs/shapes_prdp.yaml", [*overrides, f"logging.output_dir={tmp_path / 'one'}"])
     trainer = Trainer(config)
+    first_pass_moves = []
+    loss = trainer.algorithm.loss
+
+    def recording_loss(policy, batch, pass_index, step):
+        value, stats = loss(policy, batch, pass_index, step)
+        if pass_index == 0:  # the sampling weights re-score their own transitions: no step off the old value
+            first_pass_moves.append(float(stats["prdp/clipped_steps"].max()))
+        return value, stats
+
+    trainer.algorithm.loss = recording_loss
     trainer.train()
+    assert first_pass_moves and max(first_pass_moves) == 0
     trained = dict(trainer.policy.copies.unwrapped.named_parameters())
     for name, value in trainer.policy.copies.copies[OLD].named_parameters():
         torch.testing.assert_close(value, trained[name])
