@@ -7,14 +7,13 @@ import math
 import pytest
 import torch
 from test_trainer import TINY_RUN
-from two_processes import train_in_two_processes
+from two_processes import assert_runs_match, train_in_two_processes
 
 from flowrl.algorithms import FPO
 from flowrl.algorithms.base import TrainBatch
 from flowrl.batches import check_batches
 from flowrl.config import ConfigError, load_config
 from flowrl.policy import OLD
-from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
 
 TINY_FPO = [*TINY_RUN, "training.updates_per_step=2", "algorithm.epochs=2"]
@@ -172,9 +171,6 @@ def test_fpo_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_d
     for name, value in trainer.policy.copies.copies[OLD].named_parameters():
         torch.testing.assert_close(value, trained[name])
     train_in_two_processes("configs/shapes_fpo.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
-    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
-    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
-    assert [row["num_processes"] for row in rows_two] == [2, 2]
-    for row_one, row_two in zip(rows_one, rows_two, strict=True):
-        for key in ("reward/mean", "loss", "grad_norm", "fpo/ratio", "fpo/cfm_loss"):
-            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
+    assert_runs_match(
+        tmp_path / "one", tmp_path / "two", ("reward/mean", "loss", "grad_norm", "fpo/ratio", "fpo/cfm_loss")
+    )

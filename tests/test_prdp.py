@@ -4,14 +4,13 @@ proximal clip's edges, the raw rewards, its settings, and two real processes aga
 import pytest
 import torch
 from test_trainer import TINY_RUN
-from two_processes import train_in_two_processes
+from two_processes import assert_runs_match, train_in_two_processes
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import PRDP
 from flowrl.algorithms.prdp import prdp_pair_loss
 from flowrl.config import ConfigError, load_config
 from flowrl.policy import OLD
-from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
 
 #: the tiny run without its NFT key (a PRDP section has none), whole groups of 4 per micro-batch
@@ -145,15 +144,14 @@ def test_prdp_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_
     for name, value in trainer.policy.copies.copies[OLD].named_parameters():
         torch.testing.assert_close(value, trained[name])
     train_in_two_processes("configs/shapes_prdp.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
-    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
-    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
-    assert [row["num_processes"] for row in rows_two] == [2, 2]
-    for row_one, row_two in zip(rows_one, rows_two, strict=True):
-        for key in (
+    assert_runs_match(
+        tmp_path / "one",
+        tmp_path / "two",
+        (
             "reward/mean",
             "loss",
             "grad_norm",
             "prdp/predicted_difference",
             "prdp/target_difference",
-        ):
-            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
+        ),
+    )

@@ -4,14 +4,13 @@ its settings, and two real processes against one."""
 import pytest
 import torch
 from test_trainer import TINY_RUN
-from two_processes import train_in_two_processes
+from two_processes import assert_runs_match, train_in_two_processes
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms import RAFT, RolloutChunk
 from flowrl.algorithms.base import weighted_mean
 from flowrl.algorithms.raft import best_of_groups, flow_matching_loss
 from flowrl.config import ConfigError, load_config
-from flowrl.run_log import read_metrics
 from flowrl.trainer import Trainer
 
 TINY_RAFT = [*TINY_RUN, "algorithm.keep_per_group=2"]
@@ -102,10 +101,9 @@ def test_raft_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_
     for name, value in trainer.policy.copies.copies["rollout"].named_parameters():
         torch.testing.assert_close(value, trained[name])
     train_in_two_processes("configs/shapes_raft.yaml", [*overrides, f"logging.output_dir={tmp_path / 'two'}"])
-    rows_one = [row for row in read_metrics(tmp_path / "one" / "metrics.jsonl") if row["step"] > 0]
-    rows_two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
-    assert [row["num_processes"] for row in rows_two] == [2, 2]
     # The kept rows draw their own sample's times and noise whichever process holds them.
-    for row_one, row_two in zip(rows_one, rows_two, strict=True):
-        for key in ("reward/mean", "raft/kept_reward", "loss", "grad_norm", "raft/flow_matching_loss"):
-            assert row_one[key] == pytest.approx(row_two[key], rel=1e-4, abs=1e-6), (row_one["step"], key)
+    assert_runs_match(
+        tmp_path / "one",
+        tmp_path / "two",
+        ("reward/mean", "raft/kept_reward", "loss", "grad_norm", "raft/flow_matching_loss"),
+    )
