@@ -44,7 +44,8 @@ TINY_SHAPES = {
     "nft": ["training.updates_per_step=2"],
     "crd": ["training.updates_per_step=2"],
     "meanflow_nft": ["training.updates_per_step=2"],
-    "fpo": ["training.updates_per_step=2"],
+    # FPO's pull toward the base (its shapes recipe's stabiliser) holds a tiny model still as RAFT's does
+    "fpo": ["training.updates_per_step=2", "algorithm.reference_weight=0.0"],
     "prdp": ["training.updates_per_step=2"],
     "branch_grpo": ["algorithm.split_steps=[0,1]"],
     "branch_grpo_mix": ["algorithm.split_steps=[0,1]", "algorithm.sde_window_size=2"],
@@ -85,15 +86,21 @@ def test_every_algorithm_climbs_brightness_and_falls_when_the_sign_is_flipped(
     assert seen == "falls" and fall <= -MARGIN, f"{algorithm} with the sign flipped: {fall:+.4f} ({seen})"
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "fpo", "prdp"])
 def test_the_ladder_catches_an_advantage_whose_sign_is_flipped_inside_the_library(
     algorithm, tiny_model, tmp_path, one_thread, monkeypatch
 ):
-    """The same reward, the advantage negated where the algorithms compute it: the rung must fall, not climb."""
+    """The same reward, the advantage negated where the algorithms compute it (PRDP: its raw rewards): the
+    rung must fall, not climb."""
     import flowrl.algorithms.base as base
+    from flowrl.algorithms import PRDP
 
-    correct = base.reward_advantages
-    monkeypatch.setattr(base, "reward_advantages", lambda *args, **kwargs: -correct(*args, **kwargs))
+    if algorithm == "prdp":
+        correct_rewards = PRDP.advantages
+        monkeypatch.setattr(PRDP, "advantages", lambda self, rewards: -correct_rewards(self, rewards))
+    else:
+        correct = base.reward_advantages
+        monkeypatch.setattr(base, "reward_advantages", lambda *args, **kwargs: -correct(*args, **kwargs))
     tiny_model.save_pretrained(tmp_path / "model")
     rise, seen = brightness_rise(tmp_path / "model", tmp_path / "run", algorithm, 1.0)
     assert seen == "falls" and rise <= -MARGIN, f"{algorithm} with a flipped advantage: {rise:+.4f} ({seen})"
