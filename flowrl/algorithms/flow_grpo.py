@@ -60,10 +60,7 @@ class FlowGRPO(GRPOAlgorithm):
         generator: torch.Generator,
         step: int,
     ) -> RolloutChunk:
-        if self.config.same_group_noise:
-            size = self.train_config.training.group_size
-            noise = noise[::size].repeat_interleave(size, dim=0)
-        return self.sde_rollout(velocity, noise, grid, cond, generator, step)
+        return self.sde_rollout(velocity, noise, grid, cond, generator, step, self.config.same_group_noise)
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int

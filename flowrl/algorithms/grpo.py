@@ -110,9 +110,14 @@ class GRPOAlgorithm(Algorithm):
         cond: Any,
         generator: torch.Generator,
         step: int,
+        same_group_noise: bool = False,
     ) -> RolloutChunk:
         """Flow-SDE rollouts of iteration ``step`` (its SDE window) keeping every latent ``[B, S + 1, ...]``,
-        log-probability ``[B, S]`` and the grid per sample ``[B, S + 1]``."""
+        log-probability ``[B, S]`` and the grid per sample ``[B, S + 1]``; with ``same_group_noise`` every
+        sample of a group starts from its first sample's noise."""
+        if same_group_noise:
+            size = self.train_config.training.group_size
+            noise = noise[::size].repeat_interleave(size, dim=0)
         rollout = sde_sample(
             velocity,
             noise,

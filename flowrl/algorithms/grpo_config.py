@@ -67,18 +67,11 @@ class GRPOConfig(AlgorithmConfig):
 
 
 @dataclass
-class FlowGRPOConfig(GRPOConfig):
-    """Flat Flow-GRPO (:mod:`flowrl.algorithms.flow_grpo`)."""
+class FlatGRPOConfig(GRPOConfig):
+    """What the GRPO variants with groups of independent samples (no tree) share: Flow-GRPO and PRDP."""
 
-    name: str = "flow_grpo"
-    #: share of each sample's stochastic steps trained per iteration: ``floor(fraction * steps)`` (at least 1)
-    timestep_fraction: float = field(default=1.0, metadata={"min": 0.0, "strict": True, "max": 1.0})
-    #: which of them: the ``first`` ones in order, as Flow-GRPO's code does, or a ``random`` subset per sample
-    trained_steps: str = field(default="first", metadata=choice("first", "random"))
     #: all samples of a group start from the same noise (they differ by their SDE noise only)
     same_group_noise: bool = False
-    #: groups whose rewards are all equal get weight 0 in the loss, which averages over the kept samples
-    drop_zero_std_groups: bool = False
 
     def check(self, config: TrainConfig) -> None:
         super().check(config)
@@ -87,6 +80,19 @@ class FlowGRPOConfig(GRPOConfig):
                 f"training.micro_batch_size={config.training.micro_batch_size} is not allowed with "
                 f"algorithm.same_group_noise; it must be a multiple of group_size={config.training.group_size}"
             )
+
+
+@dataclass
+class FlowGRPOConfig(FlatGRPOConfig):
+    """Flat Flow-GRPO (:mod:`flowrl.algorithms.flow_grpo`)."""
+
+    name: str = "flow_grpo"
+    #: share of each sample's stochastic steps trained per iteration: ``floor(fraction * steps)`` (at least 1)
+    timestep_fraction: float = field(default=1.0, metadata={"min": 0.0, "strict": True, "max": 1.0})
+    #: which of them: the ``first`` ones in order, as Flow-GRPO's code does, or a ``random`` subset per sample
+    trained_steps: str = field(default="first", metadata=choice("first", "random"))
+    #: groups whose rewards are all equal get weight 0 in the loss, which averages over the kept samples
+    drop_zero_std_groups: bool = False
 
 
 @dataclass

@@ -120,7 +120,7 @@ class PRDP(GRPOAlgorithm):
         generator: torch.Generator,
         step: int,
     ) -> RolloutChunk:
-        return self.sde_rollout(velocity, noise, grid, cond, generator, step)
+        return self.sde_rollout(velocity, noise, grid, cond, generator, step, self.config.same_group_noise)
 
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flowrl.algorithms.grpo_config import GRPOConfig
+from flowrl.algorithms.grpo_config import FlatGRPOConfig
 from flowrl.config_schema import ConfigError, at_least
 
 if TYPE_CHECKING:
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class PRDPConfig(GRPOConfig):
+class PRDPConfig(FlatGRPOConfig):
     """PRDP (:mod:`flowrl.algorithms.prdp`) on the Flow-SDE of the GRPO algorithms (its noise level, variant
     and window); ``clip_range`` is the per-step clip ``eps`` of the implicit reward around the old policy's
     (the paper's large-scale 1e-4) and ``kl_weight`` an optional KL to the reference on the step means (0: the
