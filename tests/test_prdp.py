@@ -13,10 +13,12 @@ from flowrl.config import ConfigError, load_config
 from flowrl.policy import OLD
 from flowrl.trainer import Trainer
 
-#: the tiny run without its NFT key (a PRDP section has none), whole groups of 4 per micro-batch
+#: the tiny run without its NFT key (a PRDP section has none), whole groups of 4 per micro-batch, and two
+#: epochs (one update each) so that the proximal clip has a pass to act in
 TINY_PRDP = [
     *(o for o in TINY_RUN if not o.startswith("algorithm.")),
     "training.micro_batch_size=4",
+    "algorithm.epochs=2",
     "training.updates_per_step=2",
 ]
 

@@ -46,7 +46,6 @@ TINY_SHAPES = {
     "meanflow_nft": ["training.updates_per_step=2"],
     # FPO's pull toward the base (its shapes recipe's stabiliser) holds a tiny model still as RAFT's does
     "fpo": ["training.updates_per_step=2", "algorithm.reference_weight=0.0"],
-    "prdp": ["training.updates_per_step=2"],
     "branch_grpo": ["algorithm.split_steps=[0,1]"],
     "branch_grpo_mix": ["algorithm.split_steps=[0,1]", "algorithm.sde_window_size=2"],
     # RAFT's threshold is in the verifier's units, and its pull toward the base holds a tiny model still at

@@ -33,9 +33,9 @@ class PRDPConfig(FlatGRPOConfig):
 
     def check(self, config: TrainConfig) -> None:
         """Every micro-batch holds whole prompt groups: the pairs are formed inside a group."""
-        super().check(config)
         if config.training.micro_batch_size % config.training.group_size:
             raise ConfigError(
                 f"training.micro_batch_size={config.training.micro_batch_size} is not allowed for prdp; it must "
                 f"be a multiple of training.group_size={config.training.group_size} (pairs are formed in a group)"
             )
+        super().check(config)
