@@ -102,7 +102,7 @@ def test_the_ratio_is_one_and_the_step_is_advantage_weighted_flow_matching_at_th
     t = torch.rand(2, 4, generator=g, dtype=torch.float64)
     advantages = torch.tensor([1.0, -0.5, 2.0, -2.5], dtype=torch.float64)
     policy = LinearPolicy(0.4, 0.4, 0.0)
-    loss, stats = fpo_for().loss(
+    loss, stats = fpo_for(reference_weight=0.0).loss(
         policy, TrainBatch({"x0": x0}, cond, advantages, {"t": t, "noise": eps}), 0, 1
     )
     assert torch.equal(stats["fpo/ratio"], torch.ones(4, dtype=stats["fpo/ratio"].dtype))
