@@ -10,22 +10,22 @@ code does (``trained_steps: first``), or a random subset per sample
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from flowrl.advantages import RewardBatch, zero_std_groups
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
-from flowrl.algorithms.grpo import GRPOAlgorithm, sde_window
+from flowrl.algorithms.grpo import FlatGRPO, GRPOAlgorithm, sde_window
 from flowrl.algorithms.grpo_config import FlowGRPOConfig
-from samplers import VelocityFn, stochastic_steps
+from samplers import stochastic_steps
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
     from flowrl.train_config import TrainConfig
 
 
-class FlowGRPO(GRPOAlgorithm):
+class FlowGRPO(FlatGRPO):
     """Flat Flow-GRPO: rows are samples, one pass per trained SDE step (module docstring)."""
 
     metric_keys: ClassVar[dict[str, str]] = {
@@ -51,21 +51,10 @@ class FlowGRPO(GRPOAlgorithm):
         self.kept_share = float(1 - rewards.zero_std_groups().float().mean())
         return super().advantages(rewards)
 
-    def rollout(
-        self,
-        velocity: VelocityFn,
-        noise: torch.Tensor,
-        grid: torch.Tensor,
-        cond: Any,
-        generator: torch.Generator,
-        step: int,
-    ) -> RolloutChunk:
-        return self.sde_rollout(velocity, noise, grid, cond, generator, step, self.config.same_group_noise)
-
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
-        data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}
+        data = self.sample_rows(chunks)
         weights, log = None, {}
         if self.config.drop_zero_std_groups:  # the loss averages over the global batch's kept samples
             group_size = self.train_config.training.group_size

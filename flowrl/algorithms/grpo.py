@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch, weighted_mean
-from flowrl.algorithms.grpo_config import GRPOConfig
+from flowrl.algorithms.grpo_config import FlatGRPOConfig, GRPOConfig
 from flowrl.policy import OLD, REFERENCE
 from samplers import (
     SDEStep,
@@ -102,39 +102,6 @@ class GRPOAlgorithm(Algorithm):
         eval-mode calls, i.e. for the rollout copy alone: it is switched off (process-wide) for GRPO runs."""
         torch.backends.mha.set_fastpath_enabled(False)
 
-    def sde_rollout(
-        self,
-        velocity: VelocityFn,
-        noise: torch.Tensor,
-        grid: torch.Tensor,
-        cond: Any,
-        generator: torch.Generator,
-        step: int,
-        same_group_noise: bool = False,
-    ) -> RolloutChunk:
-        """Flow-SDE rollouts of iteration ``step`` (its SDE window) keeping every latent ``[B, S + 1, ...]``,
-        log-probability ``[B, S]`` and the grid per sample ``[B, S + 1]``; with ``same_group_noise`` every
-        sample of a group starts from its first sample's noise."""
-        if same_group_noise:
-            size = self.train_config.training.group_size
-            noise = noise[::size].repeat_interleave(size, dim=0)
-        rollout = sde_sample(
-            velocity,
-            noise,
-            grid,
-            cond,
-            self.config.noise_level,
-            self.config.sde_variant,
-            sde_window(self.train_config, step),
-            generator,
-        )
-        data = {
-            "latents": rollout.latents,
-            "log_probs": rollout.log_probs,
-            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
-        }
-        return RolloutChunk(rollout.x0, data)
-
     def _velocity(self, velocity: VelocityFn, policy: Policy, cond: Any) -> VelocityFn:
         """``velocity``, or with ``train_guidance`` its CFG mix ``v_u + w (v_c - v_u)`` with the
         unconditional branch detached; both branches in one batched call, as the sampler makes them,
@@ -204,3 +171,47 @@ class GRPOAlgorithm(Algorithm):
         """The old (behaviour) policy becomes a copy of the trained one: the next rollout is on-policy."""
         window = sde_window(self.train_config, step)
         return StepEnd({OLD: 0.0}, {"grpo/sde_window_start": -1.0 if window is None else float(window[0])})
+
+
+class FlatGRPO(GRPOAlgorithm):
+    """What the GRPO variants with groups of independent samples share (Flow-GRPO, PRDP): every sample's own
+    Flow-SDE rollout, from its group's shared noise with ``same_group_noise``; rows are samples."""
+
+    config: FlatGRPOConfig
+
+    def rollout(
+        self,
+        velocity: VelocityFn,
+        noise: torch.Tensor,
+        grid: torch.Tensor,
+        cond: Any,
+        generator: torch.Generator,
+        step: int,
+    ) -> RolloutChunk:
+        """Flow-SDE rollouts of iteration ``step`` (its SDE window) keeping every latent ``[B, S + 1, ...]``,
+        log-probability ``[B, S]`` and the grid per sample ``[B, S + 1]``; with ``same_group_noise`` every
+        sample of a group starts from its first sample's noise."""
+        if self.config.same_group_noise:
+            size = self.train_config.training.group_size
+            noise = noise[::size].repeat_interleave(size, dim=0)
+        rollout = sde_sample(
+            velocity,
+            noise,
+            grid,
+            cond,
+            self.config.noise_level,
+            self.config.sde_variant,
+            sde_window(self.train_config, step),
+            generator,
+        )
+        data = {
+            "latents": rollout.latents,
+            "log_probs": rollout.log_probs,
+            "timesteps": grid.to(noise.device).expand(noise.shape[0], -1),
+        }
+        return RolloutChunk(rollout.x0, data)
+
+    @staticmethod
+    def sample_rows(chunks: list[RolloutChunk]) -> dict[str, torch.Tensor]:
+        """The chunks' per-sample data, concatenated: one row per sample."""
+        return {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}

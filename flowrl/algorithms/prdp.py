@@ -26,15 +26,15 @@ the within-prompt differences play that role).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows, weighted_mean, whole_groups
-from flowrl.algorithms.grpo import GRPOAlgorithm, gaussian_mean_kl, sde_window
+from flowrl.algorithms.grpo import FlatGRPO, GRPOAlgorithm, gaussian_mean_kl, sde_window
 from flowrl.algorithms.prdp_config import PRDPConfig
-from samplers import VelocityFn, select_rows, stochastic_steps, transition_log_prob
+from samplers import select_rows, stochastic_steps, transition_log_prob
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -84,7 +84,7 @@ def prdp_pair_loss(
     return per_group, stats
 
 
-class PRDP(GRPOAlgorithm):
+class PRDP(FlatGRPO):
     """PRDP as a trainer algorithm: Flow-SDE rollouts, every stochastic step scored per pass, pairs in groups."""
 
     metric_keys: ClassVar[dict[str, str]] = {
@@ -111,22 +111,10 @@ class PRDP(GRPOAlgorithm):
         """The raw weighted total reward of every sample (PRDP regresses reward differences, unnormalised)."""
         return rewards.total.float()
 
-    def rollout(
-        self,
-        velocity: VelocityFn,
-        noise: torch.Tensor,
-        grid: torch.Tensor,
-        cond: Any,
-        generator: torch.Generator,
-        step: int,
-    ) -> RolloutChunk:
-        return self.sde_rollout(velocity, noise, grid, cond, generator, step, self.config.same_group_noise)
-
     def training_rows(
         self, chunks: list[RolloutChunk], advantages: torch.Tensor, rewards: torch.Tensor, step: int
     ) -> TrainRows:
-        data = {key: torch.cat([chunk.data[key] for chunk in chunks]) for key in chunks[0].data}
-        return TrainRows(data, torch.arange(advantages.shape[0]), advantages)
+        return TrainRows(self.sample_rows(chunks), torch.arange(advantages.shape[0]), advantages)
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
