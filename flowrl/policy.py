@@ -170,6 +170,14 @@ class Policy:
         if self.ema_decay > 0:
             self.copies.move(EMA, self.ema_decay)
 
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the trained weights (all of them, or the LoRA adapter's)."""
+        return self.copies.trained_state()
+
+    def load_copy(self, role: str, state: dict[str, torch.Tensor]) -> None:
+        """Set the moving copy ``role`` (``old``, ``rollout``, ``ema``) to a :meth:`snapshot`."""
+        self.copies.load_role(role, state)
+
     def to(self, device: torch.device | str) -> Policy:
         self.flow_model.to(device)
         self.copies.to(device)

@@ -3,7 +3,8 @@
 One step (:meth:`Trainer.train_step`), on every process (every collective runs everywhere):
 
   1. the step's global samples: ``prompts_per_step`` prompts x ``group_size``,
-     the same list on every process; each process takes its slice;
+     the same list on every process; each process takes its slice and hands
+     its records to the algorithm (``before_rollout``: off-policy data);
   2. rollouts by the rollout copy through ``samplers`` (CFG-free by default), in
      micro-batches, each handed to the reward scorer in the background as soon
      as it is decoded (:mod:`flowrl.rollout`);
@@ -222,6 +223,9 @@ class Trainer:
         self.policy.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
+        if self.algorithm.state_dict() and "algorithm" not in payload:
+            raise CheckpointError(f"checkpoint {path} lacks algorithm.pt, the state this algorithm keeps")
+        self.algorithm.load_state_dict(payload.get("algorithm", {}))
         states = payload["rng"]
         if len(states) != self.accelerator.num_processes:
             raise ValueError(
@@ -245,6 +249,7 @@ class Trainer:
                     "optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
                     "rng": states,
+                    **({"algorithm": state} if (state := self.algorithm.state_dict()) else {}),
                 },
                 keep=self.config.logging.keep_checkpoints,
                 config=self.run_record(),
@@ -280,6 +285,7 @@ class Trainer:
         acc, started = self.accelerator, time.perf_counter()
         samples = self.step_samples()  # 1. the step's global samples; this process's slice
         local = samples.shard(acc.process_index, acc.num_processes)
+        self.algorithm.before_rollout(self.policy, local.records, local.seeds, self.step)
         rollout = self.rollout_and_score(local.records, local.seeds, scorer)  # 2. rollouts, scored
         if self.any_process(rollout.scores is None):  # a reward with on_error: skip_batch failed somewhere
             return self.skipped_step("reward", time.perf_counter() - started)

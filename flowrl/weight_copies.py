@@ -19,8 +19,9 @@ decouples its rollouts from ``old``), ``reference`` (the frozen base) and
   call: 3.4 ms a switch and back on the peer benchmark's tiny SD3, about 1 ms layer by layer.
 
 Both give the same operations: the network of a role for one call, the
-trainable parameters, ``theta_copy <- d theta_copy + (1 - d) theta``, state
-dicts and saving the tuned weights.
+trainable parameters, ``theta_copy <- d theta_copy + (1 - d) theta``, a snapshot
+of the trained weights and loading one into a moving copy (SePPO's pool of
+earlier checkpoints), state dicts and saving the tuned weights.
 
 Under mixed precision (``training.mixed_precision: bf16``) a :class:`ModuleCopies` can also keep, for each
 frozen copy, a *compute copy* whose matrix-product layers hold their weights in bfloat16
@@ -115,6 +116,19 @@ class ModuleCopies:
         role = self._role(role)
         for target, new in zip(self.copies[role].parameters(), self.unwrapped.parameters()):
             target.lerp_(new.detach().to(target.dtype), 1 - decay)
+        self._refresh(role)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the trained weights (a snapshot that later updates do not change)."""
+        return {key: value.detach().clone() for key, value in self.unwrapped.state_dict().items()}
+
+    @torch.no_grad()
+    def load_role(self, role: str, state: dict[str, torch.Tensor]) -> None:
+        """Set a moving copy's weights to a snapshot of :meth:`trained_state`."""
+        if role not in MOVING:
+            raise KeyError(f"only a moving copy {MOVING} can load weights, not {role!r}")
+        role = self._role(role)
+        self.copies[role].load_state_dict(state)
         self._refresh(role)
 
     def to(self, device: torch.device | str) -> None:
@@ -234,6 +248,18 @@ class AdapterCopies:
         trained = self._parameters[self.ADAPTERS[TRAINED]]
         for name, target in self._parameters[self._adapter(role)].items():
             target.lerp_(trained[name].detach().to(target.dtype), 1 - decay)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the trained adapter's weights."""
+        return {key: p.detach().clone() for key, p in self._parameters[self.ADAPTERS[TRAINED]].items()}
+
+    @torch.no_grad()
+    def load_role(self, role: str, state: dict[str, torch.Tensor]) -> None:
+        """Set a moving copy's adapter to a snapshot of :meth:`trained_state`."""
+        if role not in MOVING:
+            raise KeyError(f"only a moving copy {MOVING} can load weights, not {role!r}")
+        for key, parameter in self._parameters[self._adapter(role)].items():
+            parameter.copy_(state[key])
 
     def to(self, device: torch.device | str) -> None:
         """The adapters live in the transformer: the flow model moves them."""

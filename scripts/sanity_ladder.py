@@ -52,6 +52,11 @@ RECIPES: dict[str, str] = {
     "prdp": "configs/shapes_prdp.yaml",
 }
 
+#: algorithms that use no reward (SePPO learns from rendered winners and earlier checkpoints' samples): no
+#: reward ladder applies; their rung is in their tests (tests/test_seppo.py: the error on held-out winners
+#: falls, and rises with the preference inverted)
+REWARD_FREE = ("seppo",)
+
 #: recipe settings in the verifier's units, dropped on the other rungs (RAFT fits only samples the verifier
 #: passes in full: on brightness no sample reaches 1)
 VERIFIER_UNITS = {"raft": ["algorithm.min_reward=null"]}

@@ -19,7 +19,7 @@ from flowrl.trainer import Trainer
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-from sanity_ladder import RECIPES, rise_and_noise, rung_curve, verdict  # noqa: E402
+from sanity_ladder import RECIPES, REWARD_FREE, rise_and_noise, rung_curve, verdict  # noqa: E402
 
 #: the least rise (and fall) in mean brightness over 24 steps; the start's noise is about 0.001
 MARGIN = 0.01
@@ -55,7 +55,7 @@ TINY_SHAPES = {
 
 
 def test_the_ladder_covers_every_registered_algorithm():
-    assert set(ALGORITHMS) <= {recipe.removesuffix("_mix") for recipe in RECIPES}
+    assert set(ALGORITHMS) - set(REWARD_FREE) <= {recipe.removesuffix("_mix") for recipe in RECIPES}
 
 
 def brightness_rise(model_dir: Path, output_dir: Path, algorithm: str, weight: float) -> tuple[float, str]:

@@ -28,6 +28,8 @@ from flowrl.algorithms.prdp import PRDP
 from flowrl.algorithms.prdp_config import PRDPConfig
 from flowrl.algorithms.raft import RAFT
 from flowrl.algorithms.raft_config import RAFTConfig
+from flowrl.algorithms.seppo import SePPO
+from flowrl.algorithms.seppo_config import SePPOConfig
 from flowrl.config_schema import ConfigError
 from flowrl.train_config import AlgorithmConfig
 
@@ -52,6 +54,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "raft": AlgorithmEntry(RAFT, RAFTConfig),
     "fpo": AlgorithmEntry(FPO, FPOConfig),
     "prdp": AlgorithmEntry(PRDP, PRDPConfig),
+    "seppo": AlgorithmEntry(SePPO, SePPOConfig),
 }
 
 
@@ -88,6 +91,7 @@ __all__ = [
     "PRDP",
     "RAFT",
     "RolloutChunk",
+    "SePPO",
     "StepEnd",
     "TrainBatch",
     "TrainRows",

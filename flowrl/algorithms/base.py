@@ -10,12 +10,18 @@ two are registered under one name in :mod:`flowrl.algorithms`.
 
 One step, as the trainer calls the hooks::
 
+    before_rollout(...)     with the process's prompt records and seeds (optional: off-policy data,
+                            which weights sample)
     rollout(...)            per micro-batch of whole groups, with the rollout velocity
     advantages(rewards)     once, on the rewards gathered from every process
     training_rows(...)      the process's rows (samples, or tree edges)
     draw(...)               the step's random draws for the global batch
     loss(...)               per (pass, micro-batch of rows); gradients accumulate
     after_optimizer_step()  which copies move (old, rollout) and what to log
+
+An algorithm that keeps state of its own across steps (SePPO's pool of earlier checkpoints) returns it
+from ``state_dict``; the trainer saves it in every checkpoint (``algorithm.pt``) and gives it back to
+``load_state_dict`` on resume, so a resumed run continues exactly.
 
 Rows: forward-process algorithms train on samples (one row per image);
 Flow-GRPO on samples too (a pass per trained SDE step); BranchGRPO on tree
@@ -115,6 +121,22 @@ class Algorithm:
 
     def prepare(self, policy: Policy) -> None:
         """Once, after the policy is built and before the first rollout (process-wide settings)."""
+
+    def before_rollout(self, policy: Policy, records: list[dict], seeds: list[int], step: int) -> None:
+        """Before step ``step``'s rollouts, with this process's prompt records and their seeds (one per
+        sample): what an algorithm needs besides its own samples (off-policy data), and which weights the
+        rollout copy holds. Nothing by default."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's own state across steps, saved in checkpoints (empty: none)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` from a checkpoint."""
+        if state:
+            raise ValueError(
+                f"{type(self).__name__} keeps no state, but the checkpoint holds {sorted(state)}"
+            )
 
     def num_rows(self, num_samples: int, step: int = 1) -> int:
         """Training rows made from ``num_samples`` samples (whole groups), known before any rollout."""

@@ -95,6 +95,8 @@ class FlowModel(Protocol):
     # Optional: ``low_precision_modules(network) -> list[nn.Module]``, the layers whose weights a frozen copy
     # may hold in the autocast dtype under mixed precision (those autocast runs in it anyway); a backend
     # without it keeps float32 copies (flowrl.weight_copies).
+    # Optional: ``encode_media(media) -> x``, media in [0, 1] to the sampler's space (the inverse of ``decode``):
+    # off-policy samples to train on (SePPO's winners, flowrl.demonstrations); a backend without it cannot.
     # Optional: ``bf16_pays_on_cpu: bool`` (class attribute), whether ``training.mixed_precision: auto`` picks
     # bfloat16 on a CPU with bfloat16 matrix instructions (measured per backend; absent: float32 there).
 

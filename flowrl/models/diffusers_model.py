@@ -278,6 +278,10 @@ class DiffusersFlowModel:
         """Sampler-layout latents to the VAE's ``[B, C, h, w]`` (identity unless the model packs them)."""
         return x
 
+    def sampler_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The VAE's ``[B, C, h, w]`` latents in the sampler's layout (the inverse of :meth:`vae_latents`)."""
+        return latents
+
     # --- shared --------------------------------------------------------------------------------------
 
     @property
@@ -315,6 +319,18 @@ class DiffusersFlowModel:
                         encoder.to("cpu")
         rows = [self._cache[prompt] for prompt in prompts]
         return tuple(torch.stack(column).to(self.device) for column in zip(*rows))
+
+    @torch.no_grad()
+    def encode_media(self, media: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in [0, 1] to sampler-layout latents, the inverse of :meth:`decode`: the VAE
+        posterior's mode, ``(z - shift) * scale``."""
+        config = self.vae.config
+        latents = []
+        for chunk in media.split(self.decode_batch_size):
+            pixels = chunk.to(self.device, self.vae.dtype) * 2.0 - 1.0
+            mode = self.vae.encode(pixels).latent_dist.mode()
+            latents.append((mode.float() - (config.shift_factor or 0.0)) * config.scaling_factor)
+        return self.sampler_latents(torch.cat(latents))
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:

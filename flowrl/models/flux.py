@@ -143,3 +143,7 @@ class FluxModel(DiffusersFlowModel):
 
     def vae_latents(self, x: torch.Tensor) -> torch.Tensor:
         return self.pipeline._unpack_latents(x, self.height, self.width, self.vae_scale_factor)
+
+    def sampler_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        batch, channels, rows, columns = latents.shape
+        return self.pipeline._pack_latents(latents, batch, channels, rows, columns)

@@ -182,6 +182,10 @@ class ShapesFlowModel:
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return model_space_to_images(x)
 
+    def encode_media(self, media: torch.Tensor) -> torch.Tensor:
+        """Media in [0, 1] (images or clips) to model space, the inverse of :meth:`decode`."""
+        return images_to_model_space(media.float()).to(self.device)
+
     def initial_noise(self, seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
         """Standard normal pixel-space noise, row ``i`` seeded by ``seeds[i]``."""
         return seeded_noise(seeds, self.sample_shape, device)

@@ -155,6 +155,17 @@ class WanModel(DiffusersFlowModel):
         return mean, std
 
     @torch.no_grad()
+    def encode_media(self, media: torch.Tensor) -> torch.Tensor:
+        """Videos ``[B, T, 3, H, W]`` in [0, 1] to normalised latents, the inverse of :meth:`decode`:
+        ``(mode(VAE(v)) - latents_mean) / latents_std``."""
+        mean, std = self._latent_statistics(self.device)
+        latents = []
+        for chunk in media.split(self.decode_batch_size):
+            pixels = chunk.to(self.device, self.vae.dtype).transpose(1, 2) * 2.0 - 1.0  # [b, 3, T, H, W]
+            latents.append((self.vae.encode(pixels).latent_dist.mode().float() - mean) / std)
+        return torch.cat(latents)
+
+    @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Videos ``[B, T, 3, H, W]`` in [0, 1], float32: ``VAE(z * latents_std + latents_mean)``,
         ``decode_batch_size`` videos at a time."""
