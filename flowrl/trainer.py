@@ -223,8 +223,6 @@ class Trainer:
         self.policy.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        if self.algorithm.state_dict() and "algorithm" not in payload:
-            raise CheckpointError(f"checkpoint {path} lacks algorithm.pt, the state this algorithm keeps")
         self.algorithm.load_state_dict(payload.get("algorithm", {}))
         states = payload["rng"]
         if len(states) != self.accelerator.num_processes:

@@ -8,6 +8,7 @@ This package never imports ``flowrl``.
 from rewards.async_scoring import AsyncScorer
 from rewards.base import RewardError, checked_scores, score
 from rewards.brightness import brightness
+from rewards.exemplar_fd import ExemplarFD
 from rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from rewards.multi import MultiReward, SkippedBatch
 from rewards.registry import (
@@ -25,6 +26,7 @@ from rewards.weights import MissingWeightsError
 
 register("shapes_verifier")(ShapesVerifier)
 register("video_shapes_verifier")(VideoShapesVerifier)
+register("exemplar_fd")(ExemplarFD)
 for _name, _path in {
     "clip_score": "rewards.clip_score:CLIPScore",
     "pickscore": "rewards.pickscore:PickScore",
@@ -39,6 +41,7 @@ for _name, _path in {
 
 __all__ = [
     "AsyncScorer",
+    "ExemplarFD",
     "MissingWeightsError",
     "MultiReward",
     "RewardError",

@@ -50,6 +50,7 @@ RECIPES: dict[str, str] = {
     "meanflow_nft": "configs/shapes_meanflownft.yaml",
     "fpo": "configs/shapes_fpo.yaml",
     "prdp": "configs/shapes_prdp.yaml",
+    "dragon": "configs/shapes_dragon.yaml",
 }
 
 #: algorithms that use no reward (SePPO learns from rendered winners and earlier checkpoints' samples): no

@@ -85,16 +85,20 @@ def test_every_algorithm_climbs_brightness_and_falls_when_the_sign_is_flipped(
     assert seen == "falls" and fall <= -MARGIN, f"{algorithm} with the sign flipped: {fall:+.4f} ({seen})"
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "fpo", "prdp"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "fpo", "prdp", "dragon"])
 def test_the_ladder_catches_an_advantage_whose_sign_is_flipped_inside_the_library(
     algorithm, tiny_model, tmp_path, one_thread, monkeypatch
 ):
-    """The same reward, the advantage negated where the algorithms compute it (PRDP: its raw rewards): the
-    rung must fall, not climb."""
+    """The same reward, the advantage negated where the algorithms compute it (PRDP: its raw rewards; DRAGON:
+    its positive and negative sets swapped): the rung must fall, not climb."""
     import flowrl.algorithms.base as base
+    import flowrl.algorithms.dragon as dragon
     from flowrl.algorithms import PRDP
 
-    if algorithm == "prdp":
+    if algorithm == "dragon":
+        correct_pairs = dragon.preference_pairs
+        monkeypatch.setattr(dragon, "preference_pairs", lambda *args: correct_pairs(*args)[::-1])
+    elif algorithm == "prdp":
         correct_rewards = PRDP.advantages
         monkeypatch.setattr(PRDP, "advantages", lambda self, rewards: -correct_rewards(self, rewards))
     else:

@@ -157,6 +157,8 @@ def test_the_pool_keeps_the_base_and_the_latest_checkpoints():
     assert [step for step, _ in algorithm.pool] == [0, 8, 10]
     assert [float(weights["w"]) for _, weights in algorithm.pool] == [0.0, 8.0, 10.0]
     assert algorithm.after_optimizer_step(11).copy_decays == {}  # the rollout copy loads, it does not move
+    with pytest.raises(ValueError, match=r"the checkpoint holds no SePPO pool \(algorithm.pt\)"):
+        algorithm.load_state_dict({})
 
 
 def test_winners_are_renders_of_the_prompts_scenes_that_the_verifier_passes(tiny_model):

@@ -16,6 +16,8 @@ from flowrl.algorithms.base import Algorithm, RolloutChunk, StepEnd, TrainBatch,
 from flowrl.algorithms.branch_grpo import BranchGRPO
 from flowrl.algorithms.crd import CRD
 from flowrl.algorithms.crd_config import CRDConfig
+from flowrl.algorithms.dragon import DRAGON
+from flowrl.algorithms.dragon_config import DRAGONConfig
 from flowrl.algorithms.flow_grpo import FlowGRPO
 from flowrl.algorithms.fpo import FPO
 from flowrl.algorithms.fpo_config import FPOConfig
@@ -55,6 +57,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "fpo": AlgorithmEntry(FPO, FPOConfig),
     "prdp": AlgorithmEntry(PRDP, PRDPConfig),
     "seppo": AlgorithmEntry(SePPO, SePPOConfig),
+    "dragon": AlgorithmEntry(DRAGON, DRAGONConfig),
 }
 
 
@@ -84,6 +87,7 @@ __all__ = [
     "AlgorithmEntry",
     "BranchGRPO",
     "CRD",
+    "DRAGON",
     "DiffusionNFT",
     "FPO",
     "FlowGRPO",

@@ -9,8 +9,8 @@ and each step the reference is drawn ``ref ~ U(0, k - 1)`` over the pool (``refe
 paper's ablations ``latest`` and ``initial`` are options). That checkpoint samples the step's
 reference samples (ODE, the rollout copy) and is the DPO reference of the loss.
 
-The loss is Diffusion-DPO's on flow-matching errors. With one time ``t`` and one noise ``eps`` per
-pair, ``x_t = (1 - t) x + t eps`` and the pixel-mean squared velocity errors
+The loss is Diffusion-DPO's on flow-matching errors (:mod:`flowrl.algorithms.preference`). With one
+time ``t`` and one noise ``eps`` per pair, ``x_t = (1 - t) x + t eps`` and the pixel-mean squared velocity errors
 ``e_m(x) = ||v_m(x_t, t, c) - (eps - x)||²`` of the trained model ``theta`` and the reference ``ref``::
 
     D_w   = e_theta(x^w)   - e_ref(x^w)
@@ -38,16 +38,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from flowrl.advantages import RewardBatch
 from flowrl.algorithms.base import RolloutChunk, StepEnd, TrainBatch, TrainRows, weighted_mean
-from flowrl.algorithms.forward_process import ForwardProcessAlgorithm, noised_samples, pixel_mean
+from flowrl.algorithms.forward_process import ForwardProcessAlgorithm, noised_samples
+from flowrl.algorithms.preference import dpo_losses, pair_errors
 from flowrl.algorithms.seppo_config import SePPOConfig
 from flowrl.demonstrations import media_shape, rendered_winners
 from flowrl.evaluation import evaluation_world
 from flowrl.policy import ROLLOUT
-from samplers import select_rows
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -71,10 +70,9 @@ def seppo_losses(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-pair losses, signs and margins from ``[2, B]`` errors (row 0: winners, row 1: reference samples)
     of the trained model and the reference: ``(L, sign, D_w - sign D_ref)``."""
-    differences = errors - reference_errors
     sign = flip_signs(errors[0].detach(), reference_errors[0]) if flipper else torch.ones_like(errors[0])
-    margin = differences[0] - sign * differences[1]
-    return -F.logsigmoid(-beta * margin), sign, margin
+    losses, margin = dpo_losses(errors, reference_errors, beta, sign)
+    return losses, sign, margin
 
 
 def reference_index(mode: str, pool_size: int, generator: torch.Generator) -> int:
@@ -142,20 +140,10 @@ class SePPO(ForwardProcessAlgorithm):
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Winners and reference samples of the micro-batch in one forward of each model."""
-        reference_sample, t, noise, reference_noised = noised_samples(batch, pass_index)
-        winner = batch.data["winner"]
-        column = t.reshape(-1, *([1] * (winner.ndim - 1))).to(winner.dtype)
-        winner_noised = (1 - column) * winner + column * noise
-        rows = reference_sample.shape[0]
-        x_t, times = torch.cat([winner_noised, reference_noised]), t.repeat(2)
-        cond = select_rows(batch.cond, torch.arange(rows).repeat(2))
-        targets = torch.cat([noise - winner, noise - reference_sample]).float()
-        errors = pixel_mean((policy.velocity(x_t, times, cond).float() - targets) ** 2).unflatten(
-            0, (2, rows)
+        reference_sample, t, noise, _ = noised_samples(batch, pass_index)
+        errors, reference_errors = pair_errors(
+            policy, policy.velocity_of(ROLLOUT), batch.data["winner"], reference_sample, t, noise, batch.cond
         )
-        with torch.no_grad():
-            v_ref = policy.velocity_of(ROLLOUT)(x_t, times, cond).float()
-            reference_errors = pixel_mean((v_ref - targets) ** 2).unflatten(0, (2, rows))
         losses, sign, margin = seppo_losses(errors, reference_errors, self.config.beta, self.config.flipper)
         differences = (errors - reference_errors).detach()
         stats = {
@@ -184,4 +172,8 @@ class SePPO(ForwardProcessAlgorithm):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            raise ValueError(
+                "the checkpoint holds no SePPO pool (algorithm.pt): it was not written by a SePPO run"
+            )
         self.pool = [(int(step), weights) for step, weights in zip(state["steps"], state["weights"])]
