@@ -199,3 +199,18 @@ def test_a_dragon_step_on_a_tiny_diffusers_pipeline_moves_only_the_trained_lora(
     for key, value in after["default"].items():
         assert torch.equal(after["rollout"][key], value)
     assert np.isfinite(read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["loss"])
+
+
+def test_the_exemplar_distance_script_scores_a_model(tmp_path, tiny_model_dir):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "distance.json"
+    command = [sys.executable, "scripts/exemplar_distance.py", "--models", str(tiny_model_dir)]
+    result = subprocess.run(
+        [*command, "--images-per-task", "1", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["images"] == 6 and row["distance"] > 0 and 0 <= row["held_out"] <= 1
