@@ -294,8 +294,8 @@ def test_two_processes_train_the_lora_like_one(prompt_file, tmp_path):
     _, one = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_000002")
     _, two = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_000002")
     assert len(two["rng"]) == 2
-    for key, value in one["policy"]["default"].items():
-        torch.testing.assert_close(two["policy"]["default"][key], value, rtol=1e-4, atol=1e-6)
+    for key, value in one["policy"]["default"].items():  # atol 1% of lr: Adam scales up near-zero gradients
+        torch.testing.assert_close(two["policy"]["default"][key], value, rtol=1e-4, atol=1e-5)
 
 
 def test_backend_settings_are_checked_before_any_model_loads(tmp_path):
