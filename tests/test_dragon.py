@@ -214,3 +214,21 @@ def test_the_exemplar_distance_script_scores_a_model(tmp_path, tiny_model_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["images"] == 6 and row["distance"] > 0 and 0 <= row["held_out"] <= 1
+
+
+def test_the_set_size_script_ranks_against_the_population_and_refuses_uneven_sets(tmp_path, tiny_model_dir):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "set_size.json"
+    command = [sys.executable, "scripts/exemplar_set_size.py", "--model", str(tiny_model_dir)]
+    command += ["--prompts", "4", "--group", "2", "--num-steps", "2", "--out", str(out)]
+    result = subprocess.run([*command, "--set-sizes", "4", "8"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["population"] == 8 and [row["set_size"] for row in report["rows"]] == [4, 8]
+    assert [row["groups"] for row in report["rows"]] == [4, 4]
+    assert report["rows"][1]["spearman"] == pytest.approx(1.0)  # the whole population ranks as itself
+    refused = subprocess.run([*command, "--set-sizes", "3"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "--set-sizes [3] are not allowed" in refused.stderr
