@@ -1,7 +1,7 @@
 """The learning benchmark: recipes x seeds at equal image budgets, beside the baselines anyone would try first.
 
     python scripts/bench_learning.py --suite main          # configs/bench/main.yaml: about an hour here
-    python scripts/bench_learning.py --suite smoke --out /tmp/bench_smoke   # 1 seed, 2 steps (the CI test)
+    python scripts/bench_learning.py --suite smoke --out /tmp/bench_smoke   # 1 seed, 1 step (the CI test)
     python scripts/bench_learning.py --suite main --summarise-only         # tables and plots of what is done
 
 A suite (``configs/bench/<name>.yaml``) names recipes, seeds, the image budget of every run and how often
