@@ -27,13 +27,6 @@ from flowrl.worlds import get_world
 from rewards.exemplar_fd import ExemplarFD, pooled_pixels
 
 
-def leave_one_out(reward: ExemplarFD, features: torch.Tensor) -> np.ndarray:
-    """``FD(S without i) - FD(S)`` for every row ``i`` of ``features``."""
-    whole = reward.distance(features)
-    rows = torch.arange(len(features))
-    return np.array([reward.distance(features[rows != i]) - whole for i in range(len(features))])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -59,13 +52,17 @@ def main() -> None:
     with torch.no_grad():
         images = generate(load_shapes_model(args.model), prompts, list(range(population)), args.num_steps)
     reward = ExemplarFD("shapes")
-    features = pooled_pixels(images, reward.grid)
-    overall = leave_one_out(reward, features)
+
+    def contributions(begin: int, end: int) -> np.ndarray:
+        """The reward's own score of ``images[begin:end]`` scored as one set."""
+        return reward(images[begin:end], prompts[begin:end], [{}] * (end - begin))["contribution"].numpy()
+
+    overall = contributions(0, population)
     rows = []
     for size in args.set_sizes:
         correlations = []
         for begin in range(0, population, size):
-            scored = leave_one_out(reward, features[begin : begin + size])
+            scored = contributions(begin, begin + size)
             for start in range(0, size, args.group):
                 group = slice(start, start + args.group)
                 truth = overall[begin + start : begin + start + args.group]
@@ -76,7 +73,8 @@ def main() -> None:
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"model": args.model, "population": population, "distance": reward.distance(features)}
+        distance = reward.distance(pooled_pixels(images, reward.grid))
+        summary = {"model": args.model, "population": population, "distance": distance}
         args.out.write_text(json.dumps({**summary, "rows": rows}, indent=2) + "\n")
 
 
