@@ -6,6 +6,15 @@ iteration ``int(timestep_fraction * num_steps)`` of each sample's stochastic
 steps are trained (one pass each): the first ones in order, as the reference
 code does (``trained_steps: first``), or a random subset per sample
 (``random``, flowrl's earlier default). Rows are samples.
+
+With ``ode_anchor_weight`` (lambda, flowrl's addition) each pass also holds one deterministic step ``k`` of
+the sample's rollout, drawn uniformly among the steps outside the SDE window, to the frozen reference::
+
+    L += lambda ||v_theta(x_k, t_k) - v_ref(x_k, t_k)||²        (mean over pixels)
+
+An SDE window trains only its few high-noise steps, yet the network they train is the one that takes the
+ODE steps too; the KL holds only the window's step means, and nothing else holds the low-noise steps that
+decide colours and edges.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from flowrl.advantages import RewardBatch, zero_std_groups
-from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows
+from flowrl.algorithms.base import RolloutChunk, TrainBatch, TrainRows, weighted_mean
+from flowrl.algorithms.forward_process import pixel_mean
 from flowrl.algorithms.grpo import FlatGRPO, GRPOAlgorithm, sde_window
 from flowrl.algorithms.grpo_config import FlowGRPOConfig
 from samplers import stochastic_steps
@@ -31,6 +41,7 @@ class FlowGRPO(FlatGRPO):
     metric_keys: ClassVar[dict[str, str]] = {
         **GRPOAlgorithm.metric_keys,
         "grpo/dropped_samples": "share of samples in groups of equal rewards, weighted 0 (drop_zero_std_groups)",
+        "grpo/ode_anchor_mse": "||v_theta - v_ref||^2 at the drawn ODE step (before ode_anchor_weight; 0 without it)",
     }
 
     config: FlowGRPOConfig
@@ -75,11 +86,20 @@ class FlowGRPO(FlatGRPO):
         for every sample (``trained_steps: first``, Flow-GRPO's code) or a random distinct subset per sample."""
         num_steps = len(grid) - 1
         window = sde_window(self.train_config, step)
-        candidates = torch.nonzero(stochastic_steps(num_steps, self.config.noise_level, window)).flatten()
+        stochastic = stochastic_steps(num_steps, self.config.noise_level, window)
+        candidates = torch.nonzero(stochastic).flatten()
         if self.config.trained_steps == "first":
-            return {"step": candidates[: self.passes, None].expand(self.passes, num_samples).contiguous()}
-        order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[:, : self.passes]
-        return {"step": candidates[order].T.contiguous()}
+            draws = {"step": candidates[: self.passes, None].expand(self.passes, num_samples).contiguous()}
+        else:
+            order = torch.rand(num_samples, len(candidates), generator=generator).argsort(dim=1)[
+                :, : self.passes
+            ]
+            draws = {"step": candidates[order].T.contiguous()}
+        if self.config.ode_anchor_weight > 0:  # ``anchor``: one ODE step per pass and sample, uniformly
+            deterministic = torch.nonzero(~stochastic).flatten()
+            pick = torch.randint(len(deterministic), (self.passes, num_samples), generator=generator)
+            draws["anchor"] = deterministic[pick]
+        return draws
 
     def loss(
         self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
@@ -89,7 +109,7 @@ class FlowGRPO(FlatGRPO):
         rows = torch.arange(latents.shape[0], device=latents.device)
         grid = batch.data["timesteps"]
         level = torch.full((latents.shape[0],), self.config.noise_level, device=latents.device)
-        return self.transition_loss(
+        loss, stats = self.transition_loss(
             policy,
             batch,
             latents[rows, index],
@@ -99,3 +119,13 @@ class FlowGRPO(FlatGRPO):
             level,
             log_probs[rows, index],
         )
+        anchor = torch.zeros_like(stats["grpo/ratio"])
+        if self.config.ode_anchor_weight > 0:
+            k = batch.draws["anchor"][pass_index].to(latents.device)
+            x_k, t_k = latents[rows, k], grid[rows, k]
+            v_theta = self._velocity(policy.velocity, policy, batch.cond)(x_k, t_k, batch.cond)
+            with torch.no_grad():
+                v_ref = self._reference(policy)(x_k, t_k, batch.cond)
+            anchor = pixel_mean((v_theta.float() - v_ref.float()) ** 2)
+            loss = loss + self.config.ode_anchor_weight * weighted_mean(anchor, batch.weights)
+        return loss, {**stats, "grpo/ode_anchor_mse": anchor.detach()}

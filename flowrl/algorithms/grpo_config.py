@@ -93,6 +93,10 @@ class FlowGRPOConfig(FlatGRPOConfig):
     trained_steps: str = field(default="first", metadata=choice("first", "random"))
     #: groups whose rewards are all equal get weight 0 in the loss, which averages over the kept samples
     drop_zero_std_groups: bool = False
+    #: lambda of ``lambda ||v_theta(x_k, t_k) - v_ref(x_k, t_k)||²`` at one deterministic (ODE) step ``k`` of each
+    #: sample's rollout per pass, drawn uniformly: the steps an SDE window leaves untrained, which the shared
+    #: network still changes, held to the frozen reference (0: none, Flow-GRPO's own loss)
+    ode_anchor_weight: float = field(default=0.0, metadata=at_least(0.0))
 
 
 @dataclass
