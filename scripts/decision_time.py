@@ -130,19 +130,19 @@ def main() -> None:
         for task, row in results[name].items():
             cells = "".join(f"{row['levels'][str(level)]['decided']:>7.2f}" for level in args.levels)
             print(f"{task:<14}{row['pass_rate']:4.2f}{cells}")
-    out = Path(args.out)
+    write_results(Path(args.out), args, started, results)
+
+
+def write_results(out: Path, args: argparse.Namespace, started: float, results: dict) -> None:
+    """``out``: the command's arguments, its seconds since ``started``, the machine and the results."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "command": vars(args),
-                "seconds": round(time.perf_counter() - started, 1),
-                "machine": platform.processor() or platform.machine(),
-                "results": results,
-            },
-            indent=2,
-        )
-    )
+    record = {
+        "command": vars(args),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": platform.processor() or platform.machine(),
+        "results": results,
+    }
+    out.write_text(json.dumps(record, indent=2))
     print(f"\nwrote {out}")
 
 

@@ -24,19 +24,17 @@ the decision, at the highest noise levels, to move.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from decision_time import denoise, write_results
 
 from flowrl.evaluation import evaluation_items
 from flowrl.generate import as_policy
 from flowrl.models import load_shapes_model
-from flowrl.policy import TUNED, Policy
 from flowrl.worlds import WORLDS
 from rewards.shapes_verifier import detect_objects
 from rewards.video_shapes_verifier import (
@@ -48,25 +46,9 @@ from rewards.video_shapes_verifier import (
     motion_holds,
 )
 from rewards.world_spec import DIRECTION_VECTORS
-from samplers import euler, timesteps
 
 MOTION_TASKS = ("motion", "color_motion", "speed")
 LEVELS = (0.5, 0.7, 0.8, 0.9, 1.0)
-BATCH = 32
-
-
-@torch.no_grad()
-def denoise(
-    policy: Policy, x_t: torch.Tensor, level: float, num_steps: int, prompts: list[str]
-) -> torch.Tensor:
-    """Euler from ``level`` to 0 in ``max(1, round(level * num_steps))`` steps (the full run's step size)."""
-    grid = timesteps(max(1, round(level * num_steps)), t_max=level)
-    velocity = policy.velocity_of(TUNED)
-    outputs = []
-    for begin in range(0, len(prompts), BATCH):
-        cond = policy.encode(prompts[begin : begin + BATCH])
-        outputs.append(euler(velocity, x_t[begin : begin + BATCH], grid, cond).x0)
-    return torch.cat(outputs)
 
 
 def clip_motion(clip: np.ndarray, record: dict) -> dict[str, float]:
@@ -162,20 +144,7 @@ def main() -> None:
         for label, row in rows:
             kept = f"{row['kept_speed']:>12.2f}" if "kept_speed" in row else ""
             print(f"{label:<16}" + "".join(f"{row[column]:>14.3f}" for column in columns) + kept)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "command": vars(args),
-                "seconds": round(time.perf_counter() - started, 1),
-                "machine": platform.processor() or platform.machine(),
-                "results": results,
-            },
-            indent=2,
-        )
-    )
-    print(f"\nwrote {out}")
+    write_results(Path(args.out), args, started, results)
 
 
 if __name__ == "__main__":
