@@ -83,7 +83,8 @@ class FlowGRPO(FlatGRPO):
         step: int,
     ) -> dict[str, torch.Tensor]:
         """``step``: ``[passes, num_samples]`` stochastic step indices per sample: the first ``passes`` in order
-        for every sample (``trained_steps: first``, Flow-GRPO's code) or a random distinct subset per sample."""
+        for every sample (``trained_steps: first``, Flow-GRPO's code) or a random distinct subset per sample;
+        with ``ode_anchor_weight``, ``anchor``: ``[passes, num_samples]`` deterministic steps drawn uniformly."""
         num_steps = len(grid) - 1
         window = sde_window(self.train_config, step)
         stochastic = stochastic_steps(num_steps, self.config.noise_level, window)
