@@ -190,6 +190,14 @@ def guidance_scale(text: str) -> float:
     return value
 
 
+def boolean(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``; argparse type)."""
+    values = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in values:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected true or false")
+    return values[text.lower()]
+
+
 def positive_int(text: str) -> int:
     """An integer of at least 1 (argparse type)."""
     return _int_at_least(text, 1)
@@ -297,7 +305,10 @@ def build_parser(server_limits: bool = True) -> argparse.ArgumentParser:
     )
     for f in fields(PretrainConfig):
         pretrain.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=boolean if isinstance(f.default, bool) else type(f.default),
+            default=None,
         )
     pretrain.set_defaults(run=_pretrain_shapes)
 

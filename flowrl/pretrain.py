@@ -30,7 +30,9 @@ loss; from an image model (``init_from``) it starts as
 pretraining teaches motion.
 
 AdamW with linear warm-up then cosine decay; an exponential moving average of
-the weights is what gets saved. Everything random derives from one seed, so a
+the weights is what gets saved. ``mixed_precision`` runs the model's forward (and
+backward) under bfloat16 autocast (:mod:`flowrl.precision`; float32 weights,
+optimizer state and loss), about 3x faster on a CPU with AVX-512 BF16. Everything random derives from one seed, so a
 run is reproducible on the same machine and thread count.
 """
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ from flowrl.learning_rate import learning_rate_factor
 from flowrl.models import load_shapes_model
 from flowrl.models.shapes import images_to_model_space
 from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+from flowrl.precision import autocast, autocast_dtype, resolve_mixed_precision
 from flowrl.pretrain_config import OBJECTIVES, TIME_SAMPLINGS, WORLDS, PretrainConfig
 from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.render import render_prompt
@@ -102,6 +105,7 @@ def meanflow_loss(
     x_t = (1 - column) * x0 + column * noise
     v = noise - x0
     induced, u = induced_velocity(lambda x, r_, t_, c: model(x, t_, *c, r=r_), x_t, r, t, cond, v, "jvp")
+    induced, u = induced.float(), u.float()  # float32 under bf16 autocast too
     target = (v - (induced - u)).detach()  # induced - u = (t - r) du/dt
     per_sample = (u - target).pow(2).flatten(1).mean(dim=1)
     if adaptive_p:
@@ -155,8 +159,23 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             )
         if video and not model.is_video:
             model = model.as_video(
-                video_grammar.vocabulary(), config.num_frames, config.frame_patch, config.video_attention
+                video_grammar.vocabulary(),
+                config.num_frames,
+                config.frame_patch,
+                config.video_attention,
+                config.temporal_radius,
+                config.frame_condition,
             )
+        radius = config.temporal_radius
+        if radius and model.config.temporal_radius not in (0, radius):
+            raise ValueError(
+                f"init_from={config.init_from!r} has temporal_radius={model.config.temporal_radius}; "
+                f"this run asks for {radius}"
+            )
+        added_radius = radius if not model.config.temporal_radius else 0
+        added_condition = config.frame_condition and not model.config.frame_condition
+        if added_radius or added_condition:
+            model = model.with_video_layers(added_radius, added_condition)
         if meanflow and not model.config.mean_flow:
             model = model.as_mean_flow()
         window = config.text_neighbour_window
@@ -183,6 +202,8 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             num_frames=config.num_frames if video else 1,
             frame_patch=config.frame_patch if video else 1,
             video_attention=config.video_attention,
+            temporal_radius=config.temporal_radius if video else 0,
+            frame_condition=config.frame_condition and video,
         )
     )
 
@@ -263,6 +284,15 @@ def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = Fals
     if config.world not in WORLDS:
         raise ValueError(f"unknown world {config.world!r}; allowed: {WORLDS}")
     output_dir = Path(output_dir)
+    precision, why = resolve_mixed_precision(
+        config.mixed_precision, torch.device("cpu"), bf16_pays_on_cpu=True
+    )
+    if why:
+        print(why)
+    config = replace(
+        config, mixed_precision=precision
+    )  # checkpoints record (and resumes check) the resolved one
+    dtype = autocast_dtype(precision)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     meanflow = config.objective == "meanflow"
@@ -290,16 +320,17 @@ def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = Fals
             rng, config.batch_size, config.condition_dropout, config.world, config.num_frames
         )
         noise = torch.randn_like(x0)
-        if meanflow:
-            t, r = sample_intervals(config.batch_size, config)
-            loss = meanflow_loss(
-                model, x0, noise, t, r, model.encode_prompts(prompts), config.meanflow_adaptive_p
-            )
-        else:
-            t = sample_times(config.batch_size, config)
-            t_ = t.view(-1, *[1] * (x0.ndim - 1))
-            x_t = (1 - t_) * x0 + t_ * noise
-            loss = (model(x_t, t, *model.encode_prompts(prompts)) - (noise - x0)).pow(2).mean()
+        with autocast(x0.device, dtype):
+            if meanflow:
+                t, r = sample_intervals(config.batch_size, config)
+                loss = meanflow_loss(
+                    model, x0, noise, t, r, model.encode_prompts(prompts), config.meanflow_adaptive_p
+                )
+            else:
+                t = sample_times(config.batch_size, config)
+                t_ = t.view(-1, *[1] * (x0.ndim - 1))
+                x_t = (1 - t_) * x0 + t_ * noise
+                loss = (model(x_t, t, *model.encode_prompts(prompts)).float() - (noise - x0)).pow(2).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, config)
         optimizer.zero_grad(set_to_none=True)

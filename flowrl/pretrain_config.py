@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from flowrl.config_schema import at_least, choice
 
+MIXED_PRECISIONS = ("auto", "no", "bf16")  # flowrl.precision's values, kept here so this module stays a leaf
+
 TIME_SAMPLINGS = ("uniform", "logit_normal")
 OBJECTIVES = ("flow", "meanflow")
 WORLDS = ("shapes", "video_shapes")
@@ -57,8 +59,17 @@ class PretrainConfig:
     video_attention: str = (
         "joint"  #: video_shapes: "joint" space-time attention or "factorized" (frame, then time)
     )
+    #: video_shapes, factorized: patches around its own a token attends to in other frames, with a learned
+    #: relative bias (0: its own position only); with ``init_from`` a model of radius 0 gets it added
+    temporal_radius: int = field(default=0, metadata=at_least(0))
+    #: video_shapes: a learned per-frame term in every block's adaLN condition (zero to start); with
+    #: ``init_from`` a video model without one gets it added
+    frame_condition: bool = False
     #: also save the EMA weights every this many steps (0: only at the end)
     save_every: int = field(default=0, metadata=at_least(0))
     #: write a resumable checkpoint (weights, average, optimizer, random states) every this many steps
     #: to ``<out>/checkpoints`` (0: none); ``--resume`` continues from the newest, bit for bit
     checkpoint_every: int = field(default=0, metadata=at_least(0))
+    #: "auto" (bfloat16 autocast where this CPU has bfloat16 matrix instructions, else float32), "bf16" or
+    #: "no" (float32); the resolved value is what ``pretrain.json`` and the checkpoints record
+    mixed_precision: str = field(default="auto", metadata=choice(*MIXED_PRECISIONS))

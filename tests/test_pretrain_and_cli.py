@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+import flowrl.precision
 import flowrl.pretrain
+import flowrl.pretrain_config
 from flowrl.cli import main
 from flowrl.evaluation import colour_drift, evaluation_items, geneval_scores
 from flowrl.models import SHIPPED_MODELS, load_shapes_model
@@ -93,6 +95,26 @@ def test_a_resumed_pretraining_ends_bit_for_bit_where_an_unbroken_one_does(tmp_p
     batches.clear()
     pretrain(PretrainConfig(**settings), tmp_path / "nothing_yet", resume=True)
     assert len(batches) == 6  # no checkpoint: a fresh start
+
+
+def test_pretraining_in_bf16_records_the_resolved_precision_and_follows_float32(tmp_path, monkeypatch):
+    """bf16 autocast trains the same model up to rounding; ``auto`` is resolved (and recorded) before the
+    run, so a resume under another precision is refused by name."""
+    settings = dict(TINY, seed=2, checkpoint_every=2)
+    full = pretrain(PretrainConfig(**settings, mixed_precision="no"), tmp_path / "float32")
+    half = pretrain(PretrainConfig(**settings, mixed_precision="bf16"), tmp_path / "bf16")
+    records = [json.loads((tmp_path / name / "pretrain.json").read_text()) for name in ("float32", "bf16")]
+    assert [record["config"]["mixed_precision"] for record in records] == ["no", "bf16"]
+    losses = [record["loss_every_100_steps"][0] for record in records]
+    assert losses[0] == pytest.approx(losses[1], rel=0.05) and losses[0] != losses[1]
+    moved = [(f - h).abs().max().item() for f, h in zip(full.parameters(), half.parameters())]
+    assert 0 < max(moved) < 0.05
+    monkeypatch.setattr(flowrl.precision, "cpu_has_bfloat16_matmul", lambda: False)
+    pretrain(PretrainConfig(**settings, mixed_precision="auto"), tmp_path / "auto")
+    assert json.loads((tmp_path / "auto" / "pretrain.json").read_text())["config"]["mixed_precision"] == "no"
+    with pytest.raises(ValueError, match="other settings \\(mixed_precision\\)"):
+        pretrain(PretrainConfig(**settings, mixed_precision="auto"), tmp_path / "bf16", resume=True)
+    assert flowrl.pretrain_config.MIXED_PRECISIONS == flowrl.precision.MIXED_PRECISIONS
 
 
 def test_learning_rate_schedule():
