@@ -15,7 +15,8 @@ from flowrl import precision
 from flowrl.checkpoint import read_checkpoint
 from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
-from flowrl.models.shapes_dit import PrecisionAwareGELU, attention
+from flowrl.models.attention import attention
+from flowrl.models.shapes_dit import PrecisionAwareGELU
 from flowrl.policy import OLD, REFERENCE, make_policy
 from flowrl.precision import autocast_dtype
 from flowrl.trainer import Trainer

@@ -17,7 +17,8 @@ from video_world_helpers import (
 
 from flowrl.generate import generate
 from flowrl.models import load_shapes_model
-from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig, TemporalAttention
+from flowrl.models.attention import TemporalAttention
+from flowrl.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 from flowrl.pretrain import PretrainConfig, initial_model, pretrain, training_batch
 from flowrl.shapes import grammar as image_grammar
 from flowrl.shapes.tokenizer import ShapesTokenizer
@@ -120,7 +121,9 @@ def test_temporal_attention_mixes_the_frames_of_one_position_only():
     frames, positions = 3, 5
     tokens = torch.randn(2, frames * positions, 16)
     changed = tokens.clone()
-    changed[0, 1 * positions + 2] += 1.0  # frame 1, position 2 of the first clip
+    changed[0, 1 * positions + 2] += torch.randn(
+        16
+    )  # frame 1, position 2 of the first clip (not all-equal: LN)
     with torch.no_grad():
         difference = (layer(changed, frames) - layer(tokens, frames)).abs().sum(-1)
     moved = difference.view(2, frames, positions) > 1e-6

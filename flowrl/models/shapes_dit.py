@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from flowrl.models.attention import TemporalAttention, attention, cpu_autocast_enabled
 from flowrl.shapes.tokenizer import ShapesTokenizer
 
 CONFIG_NAME = "config.json"
@@ -85,6 +87,12 @@ class ShapesDiTConfig:
     num_frames: int = 1  #: frames per sample: 1 = an image model, more = a video model over clips
     frame_patch: int = 1  #: frames per token (tubelet depth) of a video model
     video_attention: str = "joint"  #: video: "joint" (space-time) or "factorized" (frame, then time)
+    #: factorized video: patches around its own a token sees in other frames (0: its position only; see
+    #: :class:`~flowrl.models.attention.TemporalAttention`)
+    temporal_radius: int = 0
+    #: video: a learned per-frame vector (zero to start) added to the time-and-text condition, so every
+    #: block's adaLN modulation knows which frame it is in, however noisy the frame (see module docstring)
+    frame_condition: bool = False
     #: width (odd) of the text encoder's neighbour-word convolution, 0 for none (see :class:`TextEncoder`)
     text_neighbour_window: int = 0
 
@@ -155,24 +163,6 @@ def read_model_config(path: Path) -> ShapesDiTConfig:
     return config
 
 
-def _cpu_autocast(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-
-
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d)) v`` (``F.scaled_dot_product_attention``). Under CPU autocast it runs in
-    float32: torch's CPU flash-attention backward in bfloat16 took 436 ms against 46 ms in float32 for
-    one forward and backward of 32 shapes images (torch 2.14.1, one thread), which ate the bfloat16
-    matrix products' gain; the projections around it stay in bfloat16."""
-    if not _cpu_autocast(q):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-    with torch.autocast("cpu", enabled=False):
-        attended = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask)
-    return attended.to(q.dtype)
-
-
 class PrecisionAwareGELU(nn.Module):
     """The MLP's activation: GELU with the tanh approximation the model was trained with,
     ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x³)))``, and on a bfloat16 input (the bf16 path, where it
@@ -187,7 +177,15 @@ class PrecisionAwareGELU(nn.Module):
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale[:, None]) + shift[:, None]
+    return x * (1 + scale) + shift
+
+
+def _per_token(values: torch.Tensor, length: int) -> torch.Tensor:
+    """A modulation ``[B, D]`` (one per sample) or ``[B, T, D]`` (one per frame) as ``[B, 1 or L, D]``,
+    broadcastable over ``length`` frame-major tokens."""
+    if values.ndim == 2:
+        return values[:, None]
+    return values.repeat_interleave(length // values.shape[1], dim=1)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -239,7 +237,7 @@ class TextEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """In float32 under CPU autocast (a few tokens; see :func:`attention` for why)."""
         words = self.token_embedding(ids)
-        float32 = torch.autocast("cpu", enabled=False) if _cpu_autocast(words) else nullcontext()
+        float32 = torch.autocast("cpu", enabled=False) if cpu_autocast_enabled(words) else nullcontext()
         with float32:
             if self.neighbour_mixing is not None:
                 masked = (words * mask[..., None]).transpose(1, 2)
@@ -264,47 +262,20 @@ class TextContext:
     keys_values: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
-class TemporalAttention(nn.Module):
-    """Attention across the frames of each patch position, ``x + W_o attn(LN(x))`` with ``W_o = 0`` at init.
-
-    Tokens ``[B, T N, D]`` (frame-major) attend over their ``T`` frames at the
-    same position; the zero output projection makes a fresh layer the identity.
-    """
-
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm = nn.LayerNorm(hidden, eps=1e-6)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.out = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.out.weight)
-        nn.init.zeros_(self.out.bias)
-
-    def forward(self, x: torch.Tensor, frames: int) -> torch.Tensor:
-        batch, length, width = x.shape
-        positions = length // frames
-        # [B, T N, D] -> [B N, heads, T, D / heads]
-        q, k, v = (
-            part.view(batch, frames, positions, self.heads, width // self.heads)
-            .permute(0, 2, 3, 1, 4)
-            .reshape(batch * positions, self.heads, frames, width // self.heads)
-            for part in self.qkv(self.norm(x)).chunk(3, -1)
-        )
-        attended = attention(q, k, v)
-        attended = attended.view(batch, positions, self.heads, frames, width // self.heads)
-        attended = attended.permute(0, 3, 1, 2, 4).reshape(batch, length, width)
-        return x + self.out(attended)
-
-
 class DiTBlock(nn.Module):
     """adaLN-zero block: self-attention, cross-attention to text tokens, MLP.
 
-    With ``temporal`` (a factorized video model) self-attention runs within
-    each frame and a :class:`TemporalAttention` layer follows it.
+    With ``temporal`` (a factorized video model: the maker of its layer) self-attention runs
+    within each frame and a :class:`TemporalAttention` layer follows it.
     """
 
     def __init__(
-        self, hidden: int, heads: int, mlp_ratio: float, text_hidden: int, temporal: bool = False
+        self,
+        hidden: int,
+        heads: int,
+        mlp_ratio: float,
+        text_hidden: int,
+        temporal: Callable[[], TemporalAttention] | None = None,
     ) -> None:
         super().__init__()
         self.heads = heads
@@ -323,7 +294,7 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.modulation.bias)
         nn.init.zeros_(self.cross_out.weight)
         nn.init.zeros_(self.cross_out.bias)
-        self.temporal: TemporalAttention | None = TemporalAttention(hidden, heads) if temporal else None
+        self.temporal = temporal() if temporal is not None else None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -340,15 +311,15 @@ class DiTBlock(nn.Module):
         text: TextContext,
         frames: int = 1,
     ) -> torch.Tensor:
-        shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = self.modulation(condition).chunk(
-            6, -1
+        shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp = (
+            _per_token(part, x.shape[1]) for part in self.modulation(condition).chunk(6, -1)
         )
         q, k, v = self.qkv(_modulate(self.norm_self(x), shift_attn, scale_attn)).chunk(3, -1)
         if self.temporal is not None:  # within each frame: [B, T N, D] -> [B T, N, D]
             batch, length, width = x.shape
             q, k, v = (part.reshape(batch * frames, length // frames, width) for part in (q, k, v))
         attended = self._merge(attention(self._heads(q), self._heads(k), self._heads(v)))
-        x = x + gate_attn[:, None] * self.self_out(attended.reshape(x.shape))
+        x = x + gate_attn * self.self_out(attended.reshape(x.shape))
         if self.temporal is not None:
             x = self.temporal(x, frames)
         key, value = text.keys_values.get(self) or text.keys_values.setdefault(
@@ -361,7 +332,7 @@ class DiTBlock(nn.Module):
             attn_mask=text.mask[:, None, None, :],
         )
         x = x + self.cross_out(self._merge(attended))
-        return x + gate_mlp[:, None] * self.mlp(_modulate(self.norm_mlp(x), shift_mlp, scale_mlp))
+        return x + gate_mlp * self.mlp(_modulate(self.norm_mlp(x), shift_mlp, scale_mlp))
 
 
 class ShapesDiT(nn.Module):
@@ -382,6 +353,22 @@ class ShapesDiT(nn.Module):
         if config.video_attention not in VIDEO_ATTENTIONS:
             raise ValueError(
                 f"unknown video_attention {config.video_attention!r}; allowed: {VIDEO_ATTENTIONS}"
+            )
+        radius = config.temporal_radius
+        if isinstance(radius, bool) or not isinstance(radius, int) or not 0 <= radius < config.image_size:
+            raise ValueError(
+                f"temporal_radius={radius!r} is not allowed; expected an integer in [0, {config.image_size - 1}]"
+            )
+        if not isinstance(config.frame_condition, bool) or (
+            config.frame_condition and config.num_frames == 1
+        ):
+            raise ValueError(
+                f"frame_condition={config.frame_condition!r} is not allowed for num_frames={config.num_frames}; "
+                "expected true or false (true only for a video model)"
+            )
+        if radius and config.video_attention != "factorized":
+            raise ValueError(
+                f"temporal_radius={radius} needs video_attention='factorized' (got {config.video_attention!r})"
             )
         window = config.text_neighbour_window
         if isinstance(window, bool) or window not in NEIGHBOUR_WINDOWS:
@@ -404,6 +391,11 @@ class ShapesDiT(nn.Module):
             if self.is_video
             else None
         )
+        self.frame_condition = (
+            nn.Parameter(torch.zeros(1, config.num_frames // config.frame_patch, hidden))
+            if self.is_video and config.frame_condition
+            else None
+        )
         self.time_mlp = nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         self.interval_mlp = (
             nn.Sequential(nn.Linear(256, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
@@ -411,8 +403,17 @@ class ShapesDiT(nn.Module):
             else None
         )
         self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
+        frame_groups = config.num_frames // config.frame_patch
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size, self.is_factorized)
+            DiTBlock(
+                hidden,
+                config.num_heads,
+                config.mlp_ratio,
+                config.text_hidden_size,
+                partial(TemporalAttention, hidden, config.num_heads, radius, frame_groups, grid)
+                if self.is_factorized
+                else None,
+            )
             for _ in range(config.depth)
         )
         self.final_norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
@@ -444,7 +445,13 @@ class ShapesDiT(nn.Module):
         return (self.config.num_frames, *frame) if self.is_video else frame
 
     def as_video(
-        self, vocabulary: Sequence[str], num_frames: int, frame_patch: int = 1, attention: str = "joint"
+        self,
+        vocabulary: Sequence[str],
+        num_frames: int,
+        frame_patch: int = 1,
+        attention: str = "joint",
+        temporal_radius: int = 0,
+        frame_condition: bool = False,
     ) -> ShapesDiT:
         """A video model initialised from this image model, over the word list ``vocabulary``.
 
@@ -459,7 +466,8 @@ class ShapesDiT(nn.Module):
         (symmetric), which training must break: ``frame_patch=1`` starts exactly.
         With ``attention="factorized"`` self-attention stays within each frame
         and the new temporal layers start as the identity, so the video model
-        starts as the image model applied to every frame of any clip.
+        starts as the image model applied to every frame of any clip (at any
+        ``temporal_radius``).
         """
         if self.is_video:
             raise ValueError("this model is already a video model")
@@ -470,6 +478,8 @@ class ShapesDiT(nn.Module):
                 "num_frames": num_frames,
                 "frame_patch": frame_patch,
                 "video_attention": attention,
+                "temporal_radius": temporal_radius,
+                "frame_condition": frame_condition,
             }
         )
         video = ShapesDiT(config)
@@ -484,7 +494,11 @@ class ShapesDiT(nn.Module):
         state["final_linear.weight"] = state["final_linear.weight"].repeat(frame_patch, 1)
         state["final_linear.bias"] = state["final_linear.bias"].repeat(frame_patch)
         state["frame_embedding"] = torch.zeros_like(video.frame_embedding)
-        fresh = {name: value for name, value in video.state_dict().items() if ".temporal." in name}
+        fresh = {
+            name: value
+            for name, value in video.state_dict().items()
+            if ".temporal." in name or name == "frame_condition"
+        }
         video.load_state_dict({**state, **fresh})
         return video.to(self.position_embedding.device)
 
@@ -496,6 +510,28 @@ class ShapesDiT(nn.Module):
         model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "mean_flow": True}))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
         assert not unexpected and all(name.startswith("interval_mlp.") for name in missing)
+        return model.to(self.position_embedding.device)
+
+    def with_video_layers(self, temporal_radius: int = 0, frame_condition: bool = False) -> ShapesDiT:
+        """A copy of this factorized video model with what it lacks of: a neighbourhood of
+        ``temporal_radius`` patches for its temporal layers (it must have radius 0; the relative bias
+        starts at zero) and a per-frame condition (starting at zero, the same function). Every trained
+        weight is kept; trained on, the new layers let it follow moving objects (module docstring)."""
+        current = (self.config.temporal_radius, self.config.frame_condition)
+        if not self.is_factorized or (temporal_radius and current[0]) or (frame_condition and current[1]):
+            raise ValueError(
+                f"with_video_layers(temporal_radius={temporal_radius}, frame_condition={frame_condition}) "
+                f"needs a factorized video model without them; this one has video_attention="
+                f"{self.config.video_attention!r}, num_frames={self.config.num_frames}, "
+                f"temporal_radius={current[0]}, frame_condition={current[1]}"
+            )
+        changes = {
+            "temporal_radius": temporal_radius or current[0],
+            "frame_condition": frame_condition or current[1],
+        }
+        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), **changes}))
+        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
+        assert not unexpected and all(name.endswith(("relative_bias", "frame_condition")) for name in missing)
         return model.to(self.position_embedding.device)
 
     def with_neighbour_window(self, window: int) -> ShapesDiT:
@@ -566,7 +602,10 @@ class ShapesDiT(nn.Module):
         if self.interval_mlp is not None:
             interval = t - (t if r is None else r.expand(x.shape[0]) if r.ndim == 0 else r)
             embedded_time = embedded_time + self.interval_mlp(timestep_embedding(interval, 256).to(x.dtype))
-        condition = F.silu(embedded_time + self.text_to_condition(text.pooled))
+        condition = embedded_time + self.text_to_condition(text.pooled)
+        if self.frame_condition is not None:  # [B, D] -> [B, T / frame_patch, D]
+            condition = condition[:, None] + self.frame_condition
+        condition = F.silu(condition)
         position = self.position_embedding
         if self.frame_embedding is not None:
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
@@ -574,7 +613,9 @@ class ShapesDiT(nn.Module):
         frames = self.config.num_frames // self.config.frame_patch
         for block in self.blocks:
             tokens = block(tokens, condition, text, frames)
-        shift, scale = self.final_modulation(condition).chunk(2, -1)
+        shift, scale = (
+            _per_token(part, tokens.shape[1]) for part in self.final_modulation(condition).chunk(2, -1)
+        )
         head = self._unpatchify(self.final_linear(_modulate(self.final_norm(tokens), shift, scale)))
         if self.config.prediction == "velocity":
             return head
