@@ -18,6 +18,13 @@ full run's step size); ``kept_speed`` is the median speed after over the median 
 Where it stays near 1 up to high ``t``, the model can carry motion it is given, and what is missing is
 the decision, at the highest noise levels, to move.
 
+And the mean probe, which asks whether that decision can be made: at ``t = 1`` the input is pure noise,
+so the best prediction ``x0_hat(eps, 1)`` is the mean of the prompt's clips, ``E[x0 | prompt]``. For a
+moving object kept inside the frame that mean drifts the named way frame by frame (a quick object that
+moves left must start on the right). Per prompt, ``x0_hat`` averaged over noises and the renders averaged
+over layouts; each frame's brightness centroid along the named direction, a least-squares slope over
+frames; ``drift_ratio`` is the model's slope over the renders' (1: the mean is right; 0: frame-blind).
+
     python scripts/video_motion.py --models shapes-video --out docs/video_motion.json
 """
 
@@ -35,6 +42,7 @@ from decision_time import denoise, write_results
 from flowrl.evaluation import evaluation_items
 from flowrl.generate import as_policy
 from flowrl.models import load_shapes_model
+from flowrl.policy import TUNED
 from flowrl.worlds import WORLDS
 from rewards.shapes_verifier import detect_objects
 from rewards.video_shapes_verifier import (
@@ -91,7 +99,49 @@ def as_clips(media: torch.Tensor) -> np.ndarray:
     return media.permute(0, 1, 3, 4, 2).float().cpu().numpy()
 
 
-def motion_of(model_name: str, clips_per_task: int, num_steps: int, levels: tuple[float, ...]) -> dict:
+def named_drift(clips: torch.Tensor, direction: str) -> float:
+    """The least-squares slope over frames (pixels per frame) of the brightness centroid along ``direction``
+    of the frame-wise mean of ``clips`` ``[N, T, 3, H, W]`` in model space (black is -1)."""
+    ink = (clips.mean(0) + 1).clamp(min=0).sum(1)  # [T, H, W]
+    height, width = ink.shape[-2:]
+    rows, columns = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    unit_x, unit_y = DIRECTION_VECTORS[direction]
+    along = (unit_x * columns + unit_y * rows).float()
+    centroids = (ink * along).sum((1, 2)) / ink.sum((1, 2)).clamp(min=1e-6)
+    frames = torch.arange(len(centroids), dtype=torch.float32)
+    frames = frames - frames.mean()
+    return float((frames * (centroids - centroids.mean())).sum() / frames.pow(2).sum())
+
+
+def mean_drift(policy, records: list[dict], samples: int) -> dict[str, float]:
+    """The mean probe of the module docstring over the distinct prompts of ``records``."""
+    world = WORLDS["video_shapes"]
+    velocity = policy.velocity_of(TUNED)
+    shape = tuple(policy.flow_model.sample_shape)
+    unique = {record["prompt"]: record for record in records}
+    model_drifts, render_drifts = [], []
+    for index, (prompt, record) in enumerate(sorted(unique.items())):
+        eps = torch.randn((samples, *shape), generator=torch.Generator().manual_seed(index))
+        with torch.no_grad():
+            predicted = eps - velocity(eps, torch.ones(()), policy.encode([prompt] * samples))
+        renders = np.stack(
+            [world.render(record, np.random.default_rng([11, index, k]), shape) for k in range(samples)]
+        )
+        rendered = policy.flow_model.encode_media(torch.from_numpy(renders).permute(0, 1, 4, 2, 3))
+        model_drifts.append(named_drift(predicted, record["include"][0]["motion"]))
+        render_drifts.append(named_drift(rendered, record["include"][0]["motion"]))
+    model_drifts, render_drifts = np.array(model_drifts), np.array(render_drifts)
+    return {
+        "prompts": len(unique),
+        "model_drift": float(model_drifts.mean()),
+        "render_drift": float(render_drifts.mean()),
+        "drift_ratio": float(model_drifts.mean() / render_drifts.mean()),
+    }
+
+
+def motion_of(
+    model_name: str, clips_per_task: int, num_steps: int, levels: tuple[float, ...], mean_samples: int = 16
+) -> dict:
     """Generated and rendered motion, and the renoise probe (module docstring), for one model."""
     world = WORLDS["video_shapes"]
     policy = as_policy(load_shapes_model(model_name))
@@ -105,6 +155,7 @@ def motion_of(model_name: str, clips_per_task: int, num_steps: int, levels: tupl
         [world.render(record, np.random.default_rng([7, seed]), shape) for record, seed in items]
     )
     result = {
+        "mean_probe": mean_drift(policy, records, mean_samples),
         "generated": summarise([clip_motion(clip, record) for clip, record in zip(generated, records)]),
         "rendered": summarise([clip_motion(clip, record) for clip, record in zip(renders, records)]),
         "renoised": {},
@@ -129,6 +180,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="Euler steps of a full run")
     parser.add_argument("--levels", type=float, nargs="+", default=list(LEVELS))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--mean-samples", type=int, default=16, help="noises and renders per prompt (mean probe)"
+    )
     parser.add_argument("--out", default="outputs/video_motion.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -136,7 +190,9 @@ def main() -> None:
     results = {}
     columns = ("tracked", "speed", "moving", "direction_cos", "motion_holds")
     for name in args.models:
-        results[name] = motion_of(name, args.clips_per_task, args.steps, tuple(args.levels))
+        results[name] = motion_of(
+            name, args.clips_per_task, args.steps, tuple(args.levels), args.mean_samples
+        )
         print(f"\n{name} ({results[name]['generated']['clips']} clips)")
         print("source".ljust(16) + "".join(f"{column:>14}" for column in columns) + f"{'kept_speed':>12}")
         rows = [("rendered", results[name]["rendered"]), ("generated", results[name]["generated"])]
@@ -144,6 +200,12 @@ def main() -> None:
         for label, row in rows:
             kept = f"{row['kept_speed']:>12.2f}" if "kept_speed" in row else ""
             print(f"{label:<16}" + "".join(f"{row[column]:>14.3f}" for column in columns) + kept)
+        probe = results[name]["mean_probe"]
+        print(
+            f"mean probe at t=1 ({probe['prompts']} prompts): drift along the named direction "
+            f"{probe['model_drift']:.2f} px/frame, renders' mean {probe['render_drift']:.2f}, "
+            f"ratio {probe['drift_ratio']:.2f}"
+        )
     write_results(Path(args.out), args, started, results)
 
 

@@ -6,11 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from video_world_helpers import VIDEO, tiny_video_model
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-from video_motion import clip_motion, motion_of, summarise  # noqa: E402
+from video_motion import clip_motion, motion_of, named_drift, summarise  # noqa: E402
+
+from flowrl.models.shapes import images_to_model_space  # noqa: E402
 
 
 def record_moving(direction: str, speed: str = "quickly") -> dict:
@@ -63,3 +66,17 @@ def test_a_tiny_run_reports_renders_generations_and_every_level(tmp_path):
     assert result["rendered"]["motion_holds"] == 1.0 and result["rendered"]["direction_cos"] > 0.98
     assert set(result["renoised"]) == {"0.5", "1.0"}
     assert all("kept_speed" in row for row in result["renoised"].values())
+    probe = result["mean_probe"]
+    assert probe["prompts"] == 3 and probe["render_drift"] > 0.5 and math.isfinite(probe["drift_ratio"])
+
+
+@pytest.mark.parametrize("direction", ["left", "right", "up", "down"])
+def test_the_drift_of_a_mean_clip_is_its_speed_along_the_named_way_and_zero_for_a_still_one(direction):
+    """Renders of one quick prompt, averaged: their mean moves 2.25 px/frame the named way; reversed, the
+    other way; a clip repeating its first frame not at all."""
+    record = record_moving(direction)
+    clips = np.stack([VIDEO.render(record, np.random.default_rng(k), (8, 3, 32, 32)) for k in range(6)])
+    clips = images_to_model_space(torch.from_numpy(clips).movedim(-1, -3))
+    assert named_drift(clips, direction) == pytest.approx(2.25, abs=0.3)
+    assert named_drift(clips.flip(1), direction) == pytest.approx(-2.25, abs=0.3)
+    assert named_drift(clips[:, :1].expand_as(clips), direction) == pytest.approx(0.0, abs=1e-5)
