@@ -163,19 +163,10 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
                 config.num_frames,
                 config.frame_patch,
                 config.video_attention,
-                config.temporal_radius,
-                config.frame_condition,
+                frame_condition=config.frame_condition,
             )
-        radius = config.temporal_radius
-        if radius and model.config.temporal_radius not in (0, radius):
-            raise ValueError(
-                f"init_from={config.init_from!r} has temporal_radius={model.config.temporal_radius}; "
-                f"this run asks for {radius}"
-            )
-        added_radius = radius if not model.config.temporal_radius else 0
-        added_condition = config.frame_condition and not model.config.frame_condition
-        if added_radius or added_condition:
-            model = model.with_video_layers(added_radius, added_condition)
+        if config.frame_condition and not model.config.frame_condition:
+            model = model.with_frame_condition()
         if meanflow and not model.config.mean_flow:
             model = model.as_mean_flow()
         window = config.text_neighbour_window
@@ -202,7 +193,6 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             num_frames=config.num_frames if video else 1,
             frame_patch=config.frame_patch if video else 1,
             video_attention=config.video_attention,
-            temporal_radius=config.temporal_radius if video else 0,
             frame_condition=config.frame_condition and video,
         )
     )

@@ -59,9 +59,6 @@ class PretrainConfig:
     video_attention: str = (
         "joint"  #: video_shapes: "joint" space-time attention or "factorized" (frame, then time)
     )
-    #: video_shapes, factorized: patches around its own a token attends to in other frames, with a learned
-    #: relative bias (0: its own position only); with ``init_from`` a model of radius 0 gets it added
-    temporal_radius: int = field(default=0, metadata=at_least(0))
     #: video_shapes: a learned per-frame term in every block's adaLN condition (zero to start); with
     #: ``init_from`` a video model without one gets it added
     frame_condition: bool = False

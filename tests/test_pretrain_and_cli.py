@@ -59,6 +59,17 @@ def test_cli_pretrain_passes_settings(tmp_path):
     assert main(args) == 0  # the same line again: a finished run's last checkpoint resumes, step 2 reruns
 
 
+def test_cli_pretrain_reads_true_or_false_for_a_yes_no_setting(tmp_path, capsys):
+    """``--frame-condition false`` is False (argparse's ``bool`` would make any text True); other text is a
+    one-line usage error naming it."""
+    from flowrl.cli import boolean
+
+    assert [boolean(text) for text in ("true", "False", "1", "no")] == [True, False, True, False]
+    with pytest.raises(SystemExit):
+        main(["pretrain-shapes", "--out", str(tmp_path / "x"), "--frame-condition", "maybe"])
+    assert "'maybe' is not allowed; expected true or false" in capsys.readouterr().err
+
+
 def test_pretraining_adds_and_trains_a_neighbour_window_on_a_model_without_one(tiny_model_dir, tmp_path):
     """``text_neighbour_window`` with ``init_from``: the loaded model gets a zero convolution, which the steps
     move; a fresh model is built with it; an init model with another window is refused by name."""

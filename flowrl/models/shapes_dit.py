@@ -37,7 +37,12 @@ frame-group embedding, and attention runs over all tokens of the clip (space
 and time jointly; ``video_attention: joint``) or, ``factorized``, within each
 frame followed by attention across the frames of each patch position (a
 :class:`TemporalAttention` layer per block that starts as the identity).
-:meth:`ShapesDiT.as_video` makes one from an image model.
+:meth:`ShapesDiT.as_video` makes one from an image model. With ``frame_condition``
+a learned vector per frame (zero to start) joins the time and text in the adaLN
+condition, ``c_k = silu(emb(t) + W pooled + f_k)``: a frame's index then reaches
+every block at full strength, where the frame embedding added to the patches is
+swamped by the noise at high ``t`` (norm 0.5 against 6.4 for a noise patch in
+``shapes-video``), the levels at which a clip's motion is decided.
 
 Longer than 400 lines on purpose: one model, one file (diffusers' rule), read in the order the data
 flows; its image, video and MeanFlow variants share every layer.
@@ -47,10 +52,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -87,9 +91,6 @@ class ShapesDiTConfig:
     num_frames: int = 1  #: frames per sample: 1 = an image model, more = a video model over clips
     frame_patch: int = 1  #: frames per token (tubelet depth) of a video model
     video_attention: str = "joint"  #: video: "joint" (space-time) or "factorized" (frame, then time)
-    #: factorized video: patches around its own a token sees in other frames (0: its position only; see
-    #: :class:`~flowrl.models.attention.TemporalAttention`)
-    temporal_radius: int = 0
     #: video: a learned per-frame vector (zero to start) added to the time-and-text condition, so every
     #: block's adaLN modulation knows which frame it is in, however noisy the frame (see module docstring)
     frame_condition: bool = False
@@ -265,17 +266,12 @@ class TextContext:
 class DiTBlock(nn.Module):
     """adaLN-zero block: self-attention, cross-attention to text tokens, MLP.
 
-    With ``temporal`` (a factorized video model: the maker of its layer) self-attention runs
-    within each frame and a :class:`TemporalAttention` layer follows it.
+    With ``temporal`` (a factorized video model) self-attention runs within
+    each frame and a :class:`TemporalAttention` layer follows it.
     """
 
     def __init__(
-        self,
-        hidden: int,
-        heads: int,
-        mlp_ratio: float,
-        text_hidden: int,
-        temporal: Callable[[], TemporalAttention] | None = None,
+        self, hidden: int, heads: int, mlp_ratio: float, text_hidden: int, temporal: bool = False
     ) -> None:
         super().__init__()
         self.heads = heads
@@ -294,7 +290,7 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.modulation.bias)
         nn.init.zeros_(self.cross_out.weight)
         nn.init.zeros_(self.cross_out.bias)
-        self.temporal = temporal() if temporal is not None else None
+        self.temporal: TemporalAttention | None = TemporalAttention(hidden, heads) if temporal else None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -354,21 +350,12 @@ class ShapesDiT(nn.Module):
             raise ValueError(
                 f"unknown video_attention {config.video_attention!r}; allowed: {VIDEO_ATTENTIONS}"
             )
-        radius = config.temporal_radius
-        if isinstance(radius, bool) or not isinstance(radius, int) or not 0 <= radius < config.image_size:
-            raise ValueError(
-                f"temporal_radius={radius!r} is not allowed; expected an integer in [0, {config.image_size - 1}]"
-            )
         if not isinstance(config.frame_condition, bool) or (
             config.frame_condition and config.num_frames == 1
         ):
             raise ValueError(
                 f"frame_condition={config.frame_condition!r} is not allowed for num_frames={config.num_frames}; "
                 "expected true or false (true only for a video model)"
-            )
-        if radius and config.video_attention != "factorized":
-            raise ValueError(
-                f"temporal_radius={radius} needs video_attention='factorized' (got {config.video_attention!r})"
             )
         window = config.text_neighbour_window
         if isinstance(window, bool) or window not in NEIGHBOUR_WINDOWS:
@@ -403,17 +390,8 @@ class ShapesDiT(nn.Module):
             else None
         )
         self.text_to_condition = nn.Linear(config.text_hidden_size, hidden)
-        frame_groups = config.num_frames // config.frame_patch
         self.blocks = nn.ModuleList(
-            DiTBlock(
-                hidden,
-                config.num_heads,
-                config.mlp_ratio,
-                config.text_hidden_size,
-                partial(TemporalAttention, hidden, config.num_heads, radius, frame_groups, grid)
-                if self.is_factorized
-                else None,
-            )
+            DiTBlock(hidden, config.num_heads, config.mlp_ratio, config.text_hidden_size, self.is_factorized)
             for _ in range(config.depth)
         )
         self.final_norm = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
@@ -450,7 +428,6 @@ class ShapesDiT(nn.Module):
         num_frames: int,
         frame_patch: int = 1,
         attention: str = "joint",
-        temporal_radius: int = 0,
         frame_condition: bool = False,
     ) -> ShapesDiT:
         """A video model initialised from this image model, over the word list ``vocabulary``.
@@ -466,8 +443,8 @@ class ShapesDiT(nn.Module):
         (symmetric), which training must break: ``frame_patch=1`` starts exactly.
         With ``attention="factorized"`` self-attention stays within each frame
         and the new temporal layers start as the identity, so the video model
-        starts as the image model applied to every frame of any clip (at any
-        ``temporal_radius``).
+        starts as the image model applied to every frame of any clip (with or
+        without ``frame_condition``, which starts at zero).
         """
         if self.is_video:
             raise ValueError("this model is already a video model")
@@ -478,7 +455,6 @@ class ShapesDiT(nn.Module):
                 "num_frames": num_frames,
                 "frame_patch": frame_patch,
                 "video_attention": attention,
-                "temporal_radius": temporal_radius,
                 "frame_condition": frame_condition,
             }
         )
@@ -512,26 +488,17 @@ class ShapesDiT(nn.Module):
         assert not unexpected and all(name.startswith("interval_mlp.") for name in missing)
         return model.to(self.position_embedding.device)
 
-    def with_video_layers(self, temporal_radius: int = 0, frame_condition: bool = False) -> ShapesDiT:
-        """A copy of this factorized video model with what it lacks of: a neighbourhood of
-        ``temporal_radius`` patches for its temporal layers (it must have radius 0; the relative bias
-        starts at zero) and a per-frame condition (starting at zero, the same function). Every trained
-        weight is kept; trained on, the new layers let it follow moving objects (module docstring)."""
-        current = (self.config.temporal_radius, self.config.frame_condition)
-        if not self.is_factorized or (temporal_radius and current[0]) or (frame_condition and current[1]):
+    def with_frame_condition(self) -> ShapesDiT:
+        """A copy of this video model with a per-frame condition (``frame_condition``) at zero: the same
+        function until it is trained, every trained weight kept."""
+        if not self.is_video or self.config.frame_condition:
             raise ValueError(
-                f"with_video_layers(temporal_radius={temporal_radius}, frame_condition={frame_condition}) "
-                f"needs a factorized video model without them; this one has video_attention="
-                f"{self.config.video_attention!r}, num_frames={self.config.num_frames}, "
-                f"temporal_radius={current[0]}, frame_condition={current[1]}"
+                f"with_frame_condition needs a video model without one; this one has num_frames="
+                f"{self.config.num_frames}, frame_condition={self.config.frame_condition}"
             )
-        changes = {
-            "temporal_radius": temporal_radius or current[0],
-            "frame_condition": frame_condition or current[1],
-        }
-        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), **changes}))
+        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "frame_condition": True}))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
-        assert not unexpected and all(name.endswith(("relative_bias", "frame_condition")) for name in missing)
+        assert not unexpected and missing == ["frame_condition"]
         return model.to(self.position_embedding.device)
 
     def with_neighbour_window(self, window: int) -> ShapesDiT:
