@@ -25,7 +25,7 @@ moves left must start on the right). Per prompt, ``x0_hat`` averaged over noises
 over layouts; each frame's brightness centroid along the named direction, a least-squares slope over
 frames; ``drift_ratio`` is the model's slope over the renders' (1: the mean is right; 0: frame-blind).
 
-    python scripts/video_motion.py --models shapes-video --out docs/video_motion.json
+    python scripts/video_motion.py --models shapes-video shapes-video-v2 --clips-per-task 32 --out docs/video_motion.json
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def motion_of(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["shapes-video"])
+    parser.add_argument("--models", nargs="+", default=["shapes-video", "shapes-video-v2"])
     parser.add_argument("--clips-per-task", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10, help="Euler steps of a full run")
     parser.add_argument("--levels", type=float, nargs="+", default=list(LEVELS))
