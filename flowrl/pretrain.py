@@ -32,8 +32,9 @@ pretraining teaches motion.
 AdamW with linear warm-up then cosine decay; an exponential moving average of
 the weights is what gets saved. ``mixed_precision`` runs the model's forward (and
 backward) under bfloat16 autocast (:mod:`flowrl.precision`; float32 weights,
-optimizer state and loss), about 3x faster on a CPU with AVX-512 BF16. Everything random derives from one seed, so a
-run is reproducible on the same machine and thread count.
+optimizer state and loss): 0.39 s against 0.65 s per step of 16 video clips on 2 cores with AVX-512 BF16.
+Everything random derives from one seed, so a run is reproducible on the same machine, thread count and
+precision.
 """
 
 from __future__ import annotations
@@ -279,9 +280,8 @@ def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = Fals
     )
     if why:
         print(why)
-    config = replace(
-        config, mixed_precision=precision
-    )  # checkpoints record (and resumes check) the resolved one
+    # the resolved value is what the checkpoints record and a resume is checked against
+    config = replace(config, mixed_precision=precision)
     dtype = autocast_dtype(precision)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)

@@ -42,7 +42,7 @@ from decision_time import denoise, write_results
 from flowrl.evaluation import evaluation_items
 from flowrl.generate import as_policy
 from flowrl.models import load_shapes_model
-from flowrl.policy import TUNED
+from flowrl.policy import TUNED, Policy
 from flowrl.worlds import WORLDS
 from rewards.shapes_verifier import detect_objects
 from rewards.video_shapes_verifier import (
@@ -113,7 +113,7 @@ def named_drift(clips: torch.Tensor, direction: str) -> float:
     return float((frames * (centroids - centroids.mean())).sum() / frames.pow(2).sum())
 
 
-def mean_drift(policy, records: list[dict], samples: int) -> dict[str, float]:
+def mean_drift(policy: Policy, records: list[dict], samples: int) -> dict[str, float]:
     """The mean probe of the module docstring over the distinct prompts of ``records``."""
     world = WORLDS["video_shapes"]
     velocity = policy.velocity_of(TUNED)
