@@ -44,10 +44,11 @@ def rollout_and_score(
     seeds: list[int],
     scorer: AsyncScorer,
 ) -> Rollout:
-    """Rollouts of ``records`` (with initial noise from ``seeds``) scored chunk by chunk; the SDE noise of
-    each micro-batch is seeded by its first sample's seed."""
+    """Rollouts of ``records`` (with initial noise from the algorithm's :meth:`~Algorithm.noise_seeds`, by
+    default ``seeds``) scored chunk by chunk; the SDE noise of each micro-batch is seeded by its first
+    sample's seed."""
     cond = policy.encode([record["prompt"] for record in records])
-    noise = policy.initial_noise(seeds, policy.device)
+    noise = policy.initial_noise(algorithm.noise_seeds(records, seeds), policy.device)
     velocity = policy.guided(ROLLOUT, config.sampler.guidance_scale, config.sampler.negative_prompt)
     chunks, media, futures = [], [], []
     start = time.perf_counter()

@@ -223,20 +223,20 @@ class Trainer:
         self.policy.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        self.algorithm.load_state_dict(payload.get("algorithm", {}))
         states = payload["rng"]
         if len(states) != self.accelerator.num_processes:
             raise ValueError(
                 f"checkpoint {path} was written by {len(states)} processes; this run has "
                 f"{self.accelerator.num_processes} (the global batch is the same, but RNG states are per process)"
             )
+        self.algorithm.restore_state(payload.get("algorithm", {}), self.accelerator.process_index)
         set_rng_state(states[self.accelerator.process_index])
         if self.accelerator.is_main_process:
             print(f"resumed from {path} at step {self.step}")
 
     def save_checkpoint(self) -> None:
         """Write a checkpoint of the run (main process); never one of a non-finite model."""
-        states = gather_object([rng_state()])
+        states, algorithm_state = gather_object([rng_state()]), self.algorithm.checkpoint_state()
         if self.accelerator.is_main_process:
             refuse_non_finite(self.policy.state_dict(), "checkpoint", self.step)
             write_checkpoint(
@@ -247,7 +247,7 @@ class Trainer:
                     "optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
                     "rng": states,
-                    **({"algorithm": state} if (state := self.algorithm.state_dict()) else {}),
+                    **({"algorithm": algorithm_state} if algorithm_state else {}),
                 },
                 keep=self.config.logging.keep_checkpoints,
                 config=self.run_record(),

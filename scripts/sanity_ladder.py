@@ -51,6 +51,7 @@ RECIPES: dict[str, str] = {
     "fpo": "configs/shapes_fpo.yaml",
     "prdp": "configs/shapes_prdp.yaml",
     "dragon": "configs/shapes_dragon.yaml",
+    "tagrpo": "configs/shapes_tagrpo.yaml",
 }
 
 #: algorithms that use no reward (SePPO learns from rendered winners and earlier checkpoints' samples): no

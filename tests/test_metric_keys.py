@@ -39,6 +39,7 @@ SHAPES = {
     # the keys logged only with their option on: the fitted share with a threshold, the dropped samples
     "raft": ["algorithm.keep_per_group=1", "algorithm.min_reward=0.0"],
     "flow_grpo": ["algorithm.drop_zero_std_groups=true"],
+    "tagrpo": ["algorithm.drop_zero_std_groups=true"],
 }
 
 

@@ -85,14 +85,15 @@ def test_every_algorithm_climbs_brightness_and_falls_when_the_sign_is_flipped(
     assert seen == "falls" and fall <= -MARGIN, f"{algorithm} with the sign flipped: {fall:+.4f} ({seen})"
 
 
-@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "fpo", "prdp", "dragon"])
+@pytest.mark.parametrize("algorithm", ["nft", "flow_grpo", "fpo", "prdp", "dragon", "tagrpo"])
 def test_the_ladder_catches_an_advantage_whose_sign_is_flipped_inside_the_library(
     algorithm, tiny_model, tmp_path, one_thread, monkeypatch
 ):
     """The same reward, the advantage negated where the algorithms compute it (PRDP: its raw rewards; DRAGON:
-    its positive and negative sets swapped): the rung must fall, not climb."""
+    its positive and negative sets swapped; TAGRPO: its anchors' advantages too): the rung must fall, not climb."""
     import flowrl.algorithms.base as base
     import flowrl.algorithms.dragon as dragon
+    import flowrl.algorithms.tagrpo as tagrpo
     from flowrl.algorithms import PRDP
 
     if algorithm == "dragon":
@@ -104,6 +105,25 @@ def test_the_ladder_catches_an_advantage_whose_sign_is_flipped_inside_the_librar
     else:
         correct = base.reward_advantages
         monkeypatch.setattr(base, "reward_advantages", lambda *args, **kwargs: -correct(*args, **kwargs))
+    if algorithm == "tagrpo":
+        correct_anchors = tagrpo.pool_anchors
+
+        def flipped_anchors(*args):
+            best, worst, plus, minus = correct_anchors(*args)
+            return best, worst, -plus, -minus
+
+        monkeypatch.setattr(tagrpo, "pool_anchors", flipped_anchors)
     tiny_model.save_pretrained(tmp_path / "model")
     rise, seen = brightness_rise(tmp_path / "model", tmp_path / "run", algorithm, 1.0)
     assert seen == "falls" and rise <= -MARGIN, f"{algorithm} with a flipped advantage: {rise:+.4f} ({seen})"
+
+
+def test_tagrpos_alignment_term_alone_climbs(tiny_model, tmp_path, one_thread, monkeypatch):
+    """TAGRPO with every GRPO advantage zeroed (its own-ratio term gives no gradient): the pull toward the
+    best and away from the worst trajectory must raise brightness by itself."""
+    import flowrl.algorithms.base as base
+
+    monkeypatch.setattr(base, "reward_advantages", lambda *args, **kwargs: 0 * args[0].total.float())
+    tiny_model.save_pretrained(tmp_path / "model")
+    rise, seen = brightness_rise(tmp_path / "model", tmp_path / "run", "tagrpo", 1.0)
+    assert seen == "climbs" and rise >= MARGIN, f"tagrpo's alignment alone: {rise:+.4f} ({seen})"

@@ -32,6 +32,8 @@ from flowrl.algorithms.raft import RAFT
 from flowrl.algorithms.raft_config import RAFTConfig
 from flowrl.algorithms.seppo import SePPO
 from flowrl.algorithms.seppo_config import SePPOConfig
+from flowrl.algorithms.tagrpo import TAGRPO
+from flowrl.algorithms.tagrpo_config import TAGRPOConfig
 from flowrl.config_schema import ConfigError
 from flowrl.train_config import AlgorithmConfig
 
@@ -58,6 +60,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "prdp": AlgorithmEntry(PRDP, PRDPConfig),
     "seppo": AlgorithmEntry(SePPO, SePPOConfig),
     "dragon": AlgorithmEntry(DRAGON, DRAGONConfig),
+    "tagrpo": AlgorithmEntry(TAGRPO, TAGRPOConfig),
 }
 
 
@@ -95,6 +98,7 @@ __all__ = [
     "PRDP",
     "RAFT",
     "RolloutChunk",
+    "TAGRPO",
     "SePPO",
     "StepEnd",
     "TrainBatch",

@@ -21,7 +21,8 @@ One step, as the trainer calls the hooks::
 
 An algorithm that keeps state of its own across steps (SePPO's pool of earlier checkpoints) returns it
 from ``state_dict``; the trainer saves it in every checkpoint (``algorithm.pt``) and gives it back to
-``load_state_dict`` on resume, so a resumed run continues exactly.
+``load_state_dict`` on resume, so a resumed run continues exactly; one whose state differs between processes
+(TAGRPO's memory banks) sets ``state_per_process`` and every process's is kept.
 
 Rows: forward-process algorithms train on samples (one row per image);
 Flow-GRPO on samples too (a pass per trained SDE step); BranchGRPO on tree
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from accelerate.utils import gather_object
 
 from flowrl.advantages import RewardBatch, reward_advantages
 from flowrl.config_schema import ConfigError
@@ -114,6 +116,8 @@ class Algorithm:
     #: the weight copies the policy keeps besides the trained weights and the frozen reference:
     #: ``old`` (the anchor / behaviour policy), ``rollout`` (a separate rollout copy; else ``old`` samples)
     copies: tuple[str, ...] = ("old",)
+    #: whether :meth:`state_dict` differs between processes (then a checkpoint keeps every process's)
+    state_per_process: ClassVar[bool] = False
 
     def __init__(self, config: TrainConfig) -> None:
         self.train_config = config
@@ -127,9 +131,30 @@ class Algorithm:
         sample): what an algorithm needs besides its own samples (off-policy data), and which weights the
         rollout copy holds. Nothing by default."""
 
+    def noise_seeds(self, records: list[dict], seeds: list[int]) -> list[int]:
+        """The seeds of the rollouts' initial noise for this process's ``records`` (default: the step's
+        ``seeds``; the SDE noise is seeded by ``seeds`` whatever this returns)."""
+        return seeds
+
     def state_dict(self) -> dict[str, Any]:
-        """The algorithm's own state across steps, saved in checkpoints (empty: none)."""
+        """The algorithm's own state across steps, saved in checkpoints (empty: none); with
+        :attr:`state_per_process` each process's, all of them saved."""
         return {}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (collective: every process calls it): :meth:`state_dict`, or with
+        :attr:`state_per_process` every process's (``{"per_process": [...]}``; nothing when all are empty)."""
+        state = self.state_dict()
+        if not self.state_per_process:
+            return state
+        per_process = gather_object([state])
+        return {"per_process": per_process} if any(per_process) else {}
+
+    def restore_state(self, state: dict[str, Any], process_index: int) -> None:
+        """Load a checkpoint's :meth:`checkpoint_state` into this process's algorithm."""
+        if self.state_per_process and state:
+            state = state["per_process"][process_index]
+        self.load_state_dict(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` from a checkpoint."""

@@ -19,6 +19,7 @@ decide colours and edges.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -33,6 +34,21 @@ from samplers import stochastic_steps
 if TYPE_CHECKING:
     from flowrl.policy import Policy
     from flowrl.train_config import TrainConfig
+
+
+@dataclass
+class PassTransitions:
+    """A pass's stored transitions: the rows, each row's step ``j``, ``x_j``, ``x_{j+1}``, their times, the
+    SDE noise level and ``log p_old(x_{j+1} | x_j)``."""
+
+    rows: torch.Tensor
+    index: torch.Tensor
+    x: torch.Tensor
+    x_next: torch.Tensor
+    t: torch.Tensor
+    t_next: torch.Tensor
+    noise_level: torch.Tensor
+    old_log_prob: torch.Tensor
 
 
 class FlowGRPO(FlatGRPO):
@@ -102,24 +118,43 @@ class FlowGRPO(FlatGRPO):
             draws["anchor"] = deterministic[pick]
         return draws
 
-    def loss(
-        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        latents, log_probs = batch.data["latents"], batch.data["log_probs"]
+    def pass_transitions(self, batch: TrainBatch, pass_index: int) -> PassTransitions:
+        """The stored transitions ``x_j -> x_{j+1}`` a pass trains: per row its drawn step ``j``."""
+        latents = batch.data["latents"]
         index = batch.draws["step"][pass_index].to(latents.device)
         rows = torch.arange(latents.shape[0], device=latents.device)
         grid = batch.data["timesteps"]
-        level = torch.full((latents.shape[0],), self.config.noise_level, device=latents.device)
-        loss, stats = self.transition_loss(
-            policy,
-            batch,
+        return PassTransitions(
+            rows,
+            index,
             latents[rows, index],
             latents[rows, index + 1],
             grid[rows, index],
             grid[rows, index + 1],
-            level,
-            log_probs[rows, index],
+            torch.full((latents.shape[0],), self.config.noise_level, device=latents.device),
+            batch.data["log_probs"][rows, index],
         )
+
+    def loss(
+        self, policy: Policy, batch: TrainBatch, pass_index: int, step: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        p = self.pass_transitions(batch, pass_index)
+        loss, stats = self.transition_loss(
+            policy, batch, p.x, p.x_next, p.t, p.t_next, p.noise_level, p.old_log_prob
+        )
+        return self.with_ode_anchor(policy, batch, pass_index, loss, stats)
+
+    def with_ode_anchor(
+        self,
+        policy: Policy,
+        batch: TrainBatch,
+        pass_index: int,
+        loss: torch.Tensor,
+        stats: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``loss`` plus, with ``ode_anchor_weight``, the pull of the pass's drawn ODE step to the reference."""
+        latents, grid = batch.data["latents"], batch.data["timesteps"]
+        rows = torch.arange(latents.shape[0], device=latents.device)
         anchor = torch.zeros_like(stats["grpo/ratio"])
         if self.config.ode_anchor_weight > 0:
             k = batch.draws["anchor"][pass_index].to(latents.device)

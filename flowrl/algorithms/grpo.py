@@ -132,11 +132,13 @@ class GRPOAlgorithm(Algorithm):
         t_next: torch.Tensor,
         noise_level: torch.Tensor,
         old_log_prob: torch.Tensor,
+        velocity: VelocityFn | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The clipped ratio loss plus the KL to the reference for a batch of stored transitions."""
+        """The clipped ratio loss plus the KL to the reference for a batch of stored transitions; ``velocity``
+        (default: the trained policy's, guided as trained) gives the trained velocity at ``x``."""
         variant = self.config.sde_variant
         step: SDEStep = transition_log_prob(
-            self._velocity(policy.velocity, policy, batch.cond),
+            velocity or self._velocity(policy.velocity, policy, batch.cond),
             x,
             x_next,
             t,
