@@ -54,10 +54,10 @@ def _eval(args: argparse.Namespace) -> None:
     from flowrl.evaluation import evaluate, write_evaluation
     from flowrl.generate import generate
     from flowrl.models import load_shapes_model
-    from flowrl.worlds import get_world
+    from flowrl.worlds import world_of_model
 
     model = load_shapes_model(args.model)
-    world = get_world("video_shapes" if model.is_video else "shapes")
+    world = world_of_model(model.is_video, model.config.image_condition)
     records = world.prompts(args.split)
     overall = world.score_key("overall")
     summary = {}

@@ -3,7 +3,8 @@
 The model is any ``ImageSampler``: ``(prompts, seeds, num_steps,
 guidance_scale) -> media in [0, 1]``, images ``[B, 3, H, W]`` for the shapes
 world and clips ``[B, T, 3, H, W]`` for the video world (``partial(generate,
-shapes_model)`` or a policy's ``generate``).
+shapes_model)`` or a policy's ``generate``); for the image-to-video world it is
+also given the prompt records (``records=``), whose first frames it continues.
 
 Per task, ``images_per_task`` samples are drawn from the task's test prompts
 in turn, sample ``j`` of the whole evaluation with seed ``seed + j``. A task's
@@ -32,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.grid import save_grid
-from flowrl.worlds import WORLDS, PromptRecord, World, get_world
+from flowrl.worlds import WORLDS, PromptRecord, World, get_world, world_of_model
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -120,15 +121,17 @@ def evaluate(
     nothing), behind a progress bar labelled ``progress`` when one is given.
     """
     items = evaluation_items(records, images_per_task, seed, world.tasks)
+
+    def sampled(batch: Sequence[tuple[PromptRecord, int]]) -> torch.Tensor:
+        frames = {"records": [r for r, _ in batch]} if world.continues_first_frame else {}
+        return sample_images(
+            [r["prompt"] for r, _ in batch], [s for _, s in batch], num_steps, guidance_scale, **frames
+        )
+
     batches = range(0, len(items), EVAL_BATCH)
     images = torch.cat(
         [
-            sample_images(
-                [record["prompt"] for record, _ in items[begin : begin + EVAL_BATCH]],
-                [s for _, s in items[begin : begin + EVAL_BATCH]],
-                num_steps,
-                guidance_scale,
-            )
+            sampled(items[begin : begin + EVAL_BATCH])
             for begin in tqdm(batches, desc=progress, unit="batch", disable=progress is None, leave=False)
         ]
     )
@@ -187,8 +190,17 @@ def evaluation_world(config: TrainConfig, policy: Policy) -> World:
     A shapes model of the other kind is an error here, before anything is sampled."""
     if not policy.flow_model.renders_world:  # config validation keeps their evaluation off
         return get_world(config.evaluation_world or "shapes")
-    makes_clips = policy.flow_model.is_video
-    world = get_world(config.evaluation_world or ("video_shapes" if makes_clips else "shapes"))
+    makes_clips, continues = (
+        policy.flow_model.is_video,
+        getattr(policy.flow_model, "image_conditioned", False),
+    )
+    world = get_world(config.evaluation_world or world_of_model(makes_clips, continues).name)
+    if world.continues_first_frame != continues:
+        raise ValueError(
+            f"model.name={config.model.name!r} {'continues' if continues else 'does not continue'} a given "
+            f"first frame, but the evaluation world is {world.name!r} (evaluation.world / data.prompts="
+            f"{config.data.prompts!r})"
+        )
     if world.is_video != makes_clips:
         raise ValueError(
             f"model.name={config.model.name!r} makes {'clips' if makes_clips else 'images'}, but the "

@@ -91,9 +91,23 @@ class Policy:
         """Whether the network predicts MeanFlow average velocities (takes an interval start ``r``)."""
         return self.flow_model.mean_flow
 
-    def encode(self, prompts: list[str]) -> Any:
-        """Conditioning rows for ``prompts`` (opaque to samplers and algorithms)."""
-        return self.flow_model.encode(prompts)
+    @property
+    def image_conditioned(self) -> bool:
+        """Whether the model continues a given first frame (image-to-video): its conditioning needs images."""
+        return getattr(self.flow_model, "image_conditioned", False)
+
+    def encode(self, prompts: list[str], images: torch.Tensor | None = None) -> Any:
+        """Conditioning rows for ``prompts`` (opaque to samplers and algorithms), with the first frames
+        ``images`` ``[B, 3, H, W]`` in [0, 1] that an image-to-video model continues (and only then)."""
+        if (images is not None) != self.image_conditioned:
+            raise ValueError(
+                "an image-to-video model needs a first frame per prompt"
+                if self.image_conditioned
+                else "first frames are given, but this model is not an image-to-video model"
+            )
+        if images is None:
+            return self.flow_model.encode(prompts)
+        return self.flow_model.encode(prompts, images)
 
     def unconditional(self, negative_prompt: str = "") -> Any:
         """The one-row conditioning CFG guides away from, encoded once per prompt."""
@@ -146,6 +160,8 @@ class Policy:
 
     def guided(self, role: str, guidance_scale: float, negative_prompt: str = "") -> VelocityFn:
         """``role``'s CFG velocity ``v_u + w (v_c - v_u)`` against ``negative_prompt`` (``w = 1``: unguided)."""
+        if guidance_scale == 1.0:
+            return self.velocity_of(role)
         return guided_velocity(self.velocity_of(role), guidance_scale, self.unconditional(negative_prompt))
 
     # --- training state ------------------------------------------------------------------------------

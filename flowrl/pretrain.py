@@ -27,7 +27,9 @@ flow model (its MeanFlow copy starts as ``u = v``), far cheaper than from scratc
 ``[B, T, 3, H, W]`` (:mod:`flowrl.video_shapes`) with the same flow-matching
 loss; from an image model (``init_from``) it starts as
 :meth:`ShapesDiT.as_video` of it, so shapes and colours are already known and
-pretraining teaches motion.
+pretraining teaches motion. ``world="video_shapes_i2v"`` trains the same clips with each clip's frame 0
+given to the model (``ShapesDiTConfig.image_condition``; a video model from ``init_from`` gets it added at
+zero, :meth:`ShapesDiT.with_image_condition`): an image-to-video model that continues a first frame.
 
 AdamW with linear warm-up then cosine decay; an exponential moving average of
 the weights is what gets saved. ``mixed_precision`` runs the model's forward (and
@@ -144,7 +146,12 @@ def training_batch(
 def initial_model(config: PretrainConfig) -> ShapesDiT:
     """The model pretraining starts from: ``init_from`` (made a MeanFlow or video model when the objective
     or world needs one), else a fresh one of the config's size."""
-    meanflow, video = config.objective == "meanflow", config.world == "video_shapes"
+    meanflow, video = config.objective == "meanflow", config.world != "shapes"
+    continues = config.world == "video_shapes_i2v"
+    if meanflow and continues:
+        raise ValueError(
+            "objective='meanflow' is not allowed with world='video_shapes_i2v' (flow matching only)"
+        )
     if config.init_from:
         model = load_shapes_model(config.init_from)
         if model.is_video and not video:
@@ -168,6 +175,13 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             )
         if config.frame_condition and not model.config.frame_condition:
             model = model.with_frame_condition()
+        if model.config.image_condition and not continues:
+            raise ValueError(
+                f"init_from={config.init_from!r} is an image-to-video model; world={config.world!r} trains "
+                "clips without a first frame (use world='video_shapes_i2v')"
+            )
+        if continues and not model.config.image_condition:
+            model = model.with_image_condition()
         if meanflow and not model.config.mean_flow:
             model = model.as_mean_flow()
         window = config.text_neighbour_window
@@ -195,6 +209,7 @@ def initial_model(config: PretrainConfig) -> ShapesDiT:
             frame_patch=config.frame_patch if video else 1,
             video_attention=config.video_attention,
             frame_condition=config.frame_condition and video,
+            image_condition=continues,
         )
     )
 
@@ -320,7 +335,9 @@ def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = Fals
                 t = sample_times(config.batch_size, config)
                 t_ = t.view(-1, *[1] * (x0.ndim - 1))
                 x_t = (1 - t_) * x0 + t_ * noise
-                loss = (model(x_t, t, *model.encode_prompts(prompts)).float() - (noise - x0)).pow(2).mean()
+                image = x0[:, 0] if model.config.image_condition else None  # the frame an I2V model continues
+                v = model(x_t, t, *model.encode_prompts(prompts), image=image)
+                loss = (v.float() - (noise - x0)).pow(2).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, config)
         optimizer.zero_grad(set_to_none=True)

@@ -11,7 +11,7 @@ MIXED_PRECISIONS = ("auto", "no", "bf16")  # flowrl.precision's values, kept her
 
 TIME_SAMPLINGS = ("uniform", "logit_normal")
 OBJECTIVES = ("flow", "meanflow")
-WORLDS = ("shapes", "video_shapes")
+WORLDS = ("shapes", "video_shapes", "video_shapes_i2v")
 
 
 @dataclass
@@ -51,7 +51,8 @@ class PretrainConfig:
     meanflow_equal_share: float = 0.5  #: meanflow: share of samples with r = t (plain flow matching)
     meanflow_zero_share: float = 0.25  #: meanflow: share of samples with r = 0 (one-step jumps)
     meanflow_adaptive_p: float = 1.0  #: meanflow: power p of the adaptive loss weight (0 = plain MSE)
-    #: "shapes" (images) or "video_shapes" (moving-shapes clips)
+    #: "shapes" (images), "video_shapes" (moving-shapes clips) or "video_shapes_i2v" (the same clips, the model
+    #: given each clip's frame 0: an image-to-video model; from a video model it adds ``image_condition``)
     world: str = field(default="shapes", metadata=choice(*WORLDS))
     num_frames: int = field(default=8, metadata=at_least(1))  #: video_shapes: frames per clip
     #: video_shapes: frames per token (tubelet depth)

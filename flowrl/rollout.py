@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from flowrl.algorithms import Algorithm, RolloutChunk
 from flowrl.policy import ROLLOUT, Policy
 from flowrl.train_config import TrainConfig
+from flowrl.video_shapes.first_frame import first_frames
 from rewards import AsyncScorer, SkippedBatch
 from samplers import select_rows
 
@@ -47,7 +48,8 @@ def rollout_and_score(
     """Rollouts of ``records`` (with initial noise from the algorithm's :meth:`~Algorithm.noise_seeds`, by
     default ``seeds``) scored chunk by chunk; the SDE noise of each micro-batch is seeded by its first
     sample's seed."""
-    cond = policy.encode([record["prompt"] for record in records])
+    images = first_frames(records, policy.sample_shape) if policy.image_conditioned else None
+    cond = policy.encode([record["prompt"] for record in records], images)
     noise = policy.initial_noise(algorithm.noise_seeds(records, seeds), policy.device)
     velocity = policy.guided(ROLLOUT, config.sampler.guidance_scale, config.sampler.negative_prompt)
     chunks, media, futures = [], [], []

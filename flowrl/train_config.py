@@ -167,9 +167,11 @@ class LoggingConfig:
 class EvaluationConfig:
     """Held-out GenEval-style evaluation (shapes models): before training, every ``every`` steps, at the end."""
 
-    #: whose held-out prompts and verifier judge the model: shapes (images) or video_shapes (clips); None =
-    #: the world of data.prompts
-    world: str | None = field(default=None, metadata=_choice(None, "shapes", "video_shapes"))
+    #: whose held-out prompts and verifier judge the model: shapes (images), video_shapes (clips) or
+    #: video_shapes_i2v (clips continued from a given first frame); None = the world of data.prompts
+    world: str | None = field(
+        default=None, metadata=_choice(None, "shapes", "video_shapes", "video_shapes_i2v")
+    )
 
     #: evaluate the tuned model every this many steps (0 = only before and after training)
     every: int = field(default=0, metadata=_at_least(0))
@@ -249,4 +251,8 @@ class TrainConfig:
 
 
 #: the shipped training prompts (``data.prompts``) and their world (:mod:`flowrl.worlds`)
-WORLD_OF_PROMPTS: dict[str, str] = {"shapes-train": "shapes", "video-shapes-train": "video_shapes"}
+WORLD_OF_PROMPTS: dict[str, str] = {
+    "shapes-train": "shapes",
+    "video-shapes-train": "video_shapes",
+    "video-shapes-i2v-train": "video_shapes_i2v",
+}

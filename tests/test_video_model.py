@@ -239,10 +239,14 @@ def test_initial_model_from_an_image_model_is_its_video_model(tiny_model, tiny_m
 
 
 def test_a_bad_world_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown world 'videos'; allowed: \('shapes', 'video_shapes'\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown world 'videos'; allowed: \('shapes', 'video_shapes', 'video_shapes_i2v'\)"
+    ):
         pretrain(PretrainConfig(world="videos", **TINY_PRETRAIN), tmp_path / "x")
     assert not (tmp_path / "x").exists()
-    with pytest.raises(ValueError, match=r"unknown world 'videos'; allowed: \['shapes', 'video_shapes'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown world 'videos'; allowed: \['shapes', 'video_shapes', 'video_shapes_i2v'\]"
+    ):
         get_world("videos")
 
 

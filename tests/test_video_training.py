@@ -48,7 +48,7 @@ def test_video_prompts_pick_the_video_world_and_mismatches_are_config_errors(tmp
         load_config(None, ["evaluation.world=video_shapes"])
     with pytest.raises(
         ConfigError,
-        match=r"evaluation.world='video' is not allowed; allowed: \[None, 'shapes', 'video_shapes'\]",
+        match=r"evaluation.world='video' is not allowed; allowed: \[None, 'shapes', 'video_shapes', 'video_shapes_i2v'\]",
     ):
         load_config(None, ["evaluation.world=video"])
     prompt_file = tmp_path / "mine.jsonl"

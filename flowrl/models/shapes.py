@@ -3,7 +3,8 @@
 Pixels: the model works on ``x = 2 image - 1`` (``[3, H, W]`` images or
 ``[T, 3, H, W]`` clips); decoding maps back to [0, 1]. Conditioning is the
 prompt's token ids and mask (the text encoder is part of the network and is
-trained with it). The shapes world is trained and sampled on the unshifted
+trained with it), and for an image-to-video model the clip's first frame in
+model space as a third entry. The shapes world is trained and sampled on the unshifted
 time grid. Copies are explicit modules (the model has 2.6M parameters).
 """
 
@@ -22,7 +23,7 @@ from torch import nn
 from flowrl.config_schema import ConfigError, choice
 from flowrl.models.dtypes import DTYPES
 from flowrl.models.noise import seeded_noise
-from flowrl.models.shapes_dit import ShapesDiT, TextContext
+from flowrl.models.shapes_dit import ShapesDiT, TextContext, read_model_config
 from flowrl.shipped_models import SHIPPED_MODELS
 from flowrl.weight_copies import ModuleCopies
 from samplers import timesteps
@@ -39,6 +40,13 @@ def load_shapes_model(name_or_path: str) -> ShapesDiT:
             f"model {name_or_path!r} is neither a shipped model {sorted(SHIPPED_MODELS)} nor a directory"
         )
     return ShapesDiT.from_pretrained(path)
+
+
+def model_makes_continuations(name_or_path: str) -> bool:
+    """Whether the shapes model ``name_or_path`` is an image-to-video model (read from its config.json alone)."""
+    path = SHIPPED_MODELS.get(name_or_path, Path(name_or_path))
+    config = path / "config.json"
+    return config.is_file() and read_model_config(config).image_condition
 
 
 def images_to_model_space(images: torch.Tensor) -> torch.Tensor:
@@ -126,6 +134,18 @@ class ShapesFlowModel:
             raise ConfigError(
                 f"model.dtype={config.model.dtype!r} is not allowed for the shapes backend; it trains in float32 only"
             )
+        if model_makes_continuations(config.model.name) and (
+            config.sampler.guidance_scale != 1.0
+            or any(
+                scale != 1.0
+                for scale in (*config.evaluation.guidance_scales, *config.evaluation.base_guidance_scales)
+            )
+        ):
+            raise ConfigError(
+                f"sampler.guidance_scale={config.sampler.guidance_scale} (evaluation: "
+                f"{config.evaluation.guidance_scales}, base {config.evaluation.base_guidance_scales}) is not "
+                f"allowed for the image-to-video model {config.model.name!r}; it samples without CFG (allowed: 1.0)"
+            )
         if config.sampler.negative_prompt:
             raise ConfigError(
                 f"sampler.negative_prompt={config.sampler.negative_prompt!r} is not allowed for the shapes backend; "
@@ -160,6 +180,11 @@ class ShapesFlowModel:
         return self.network.config.mean_flow
 
     @property
+    def image_conditioned(self) -> bool:
+        """Whether the network continues a given first frame (image-to-video)."""
+        return self.network.config.image_condition
+
+    @property
     def device(self) -> torch.device:
         return next(self.network.parameters()).device
 
@@ -167,18 +192,24 @@ class ShapesFlowModel:
         self.network.to(device)
         return self
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.network.encode_prompts(prompts)
+    def encode(self, prompts: list[str], images: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """``(ids, mask)``, and for an image-to-video model its first frames ``images`` ``[B, 3, H, W]`` in
+        [0, 1], in model space."""
+        ids, mask = self.network.encode_prompts(prompts)
+        if images is None:
+            return ids, mask
+        return ids, mask, images_to_model_space(images.float()).to(ids.device)
 
     def velocity(
         self, network: nn.Module, x: torch.Tensor, t: torch.Tensor, cond: Any, r: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``network``'s velocity; without gradients the prompts' text context comes from
         :attr:`text_contexts` (encoded once per network, weights and prompt batch)."""
-        ids, mask = cond
+        ids, mask, *first_frame = cond
+        image = first_frame[0] if first_frame else None
         if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or _sharded(network):
-            return network(x, t, ids, mask, r=r)  # trained, under MeanFlow's jvp, or FSDP-sharded weights
-        return network(x, t, ids, mask, r=r, text=self.text_contexts.get(network, ids, mask))
+            return network(x, t, ids, mask, r=r, image=image)  # trained, MeanFlow's jvp, or FSDP-sharded
+        return network(x, t, ids, mask, r=r, text=self.text_contexts.get(network, ids, mask), image=image)
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return model_space_to_images(x)

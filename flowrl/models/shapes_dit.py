@@ -44,6 +44,12 @@ every block at full strength, where the frame embedding added to the patches is
 swamped by the noise at high ``t`` (norm 0.5 against 6.4 for a noise patch in
 ``shapes-video``), the levels at which a clip's motion is decided.
 
+Image-to-video (``image_condition``): the clip is conditioned on its first frame as Wan 2.1's I2V models
+are, by channels concatenated to the noisy input: a conditioning clip ``y`` (the given frame in frame 0,
+zeros elsewhere) and a mask channel ``m`` (1 on frame 0), patchified like ``x`` and embedded by their own
+linear layer, ``tokens = W_x patch(x_t) + W_y patch([y, m]) + positions``, with ``W_y`` zero to start, so a
+video model made image-conditioned (:meth:`ShapesDiT.with_image_condition`) starts as the video model.
+
 Longer than 400 lines on purpose: one model, one file (diffusers' rule), read in the order the data
 flows; its image, video and MeanFlow variants share every layer.
 """
@@ -96,6 +102,8 @@ class ShapesDiTConfig:
     frame_condition: bool = False
     #: width (odd) of the text encoder's neighbour-word convolution, 0 for none (see :class:`TextEncoder`)
     text_neighbour_window: int = 0
+    #: video: conditioned on a given first frame (image-to-video; see module docstring)
+    image_condition: bool = False
 
 
 PREDICTIONS = ("velocity", "sample")
@@ -357,6 +365,13 @@ class ShapesDiT(nn.Module):
                 f"frame_condition={config.frame_condition!r} is not allowed for num_frames={config.num_frames}; "
                 "expected true or false (true only for a video model)"
             )
+        if not isinstance(config.image_condition, bool) or (
+            config.image_condition and config.num_frames == 1
+        ):
+            raise ValueError(
+                f"image_condition={config.image_condition!r} is not allowed for num_frames={config.num_frames}; "
+                "expected true or false (true only for a video model)"
+            )
         window = config.text_neighbour_window
         if isinstance(window, bool) or window not in NEIGHBOUR_WINDOWS:
             raise ValueError(
@@ -372,6 +387,11 @@ class ShapesDiT(nn.Module):
         grid = config.image_size // patch
         self.text_encoder = TextEncoder(self.tokenizer.size, config)
         self.patch_embed = nn.Linear(config.frame_patch * config.channels * patch * patch, hidden)
+        self.image_embed = (
+            nn.Linear(config.frame_patch * (config.channels + 1) * patch * patch, hidden)
+            if config.image_condition
+            else None
+        )
         self.position_embedding = nn.Parameter(torch.zeros(1, grid * grid, hidden))
         self.frame_embedding = (
             nn.Parameter(torch.zeros(1, config.num_frames // config.frame_patch, 1, hidden))
@@ -401,6 +421,8 @@ class ShapesDiT(nn.Module):
         if self.frame_embedding is not None:
             nn.init.normal_(self.frame_embedding, std=0.02)
         zero_initialised = [self.final_modulation, self.final_linear]
+        if self.image_embed is not None:
+            zero_initialised.append(self.image_embed)
         if self.interval_mlp is not None:
             zero_initialised.append(self.interval_mlp[-1])
         for module in zero_initialised:
@@ -501,6 +523,36 @@ class ShapesDiT(nn.Module):
         assert not unexpected and missing == ["frame_condition"]
         return model.to(self.position_embedding.device)
 
+    def with_image_condition(self) -> ShapesDiT:
+        """A copy of this video model conditioned on a first frame (``image_condition``), its image embedding
+        at zero: the same function, whatever frame it is given, until it is trained."""
+        if not self.is_video or self.config.image_condition:
+            raise ValueError(
+                f"with_image_condition needs a video model without one; this one has num_frames="
+                f"{self.config.num_frames}, image_condition={self.config.image_condition}"
+            )
+        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "image_condition": True}))
+        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
+        assert not unexpected and all(name.startswith("image_embed.") for name in missing)
+        return model.to(self.position_embedding.device)
+
+    def _image_tokens(self, image: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | float:
+        """``W_y patch([y, m])`` of a first frame ``image`` ``[B, 3, H, W]`` (module docstring); 0 for a model
+        without ``image_condition``."""
+        if self.image_embed is None:
+            if image is not None:
+                raise ValueError("a first frame (image) is given, but this model has no image_condition")
+            return 0.0
+        if image is None or image.shape != (x.shape[0], *x.shape[2:]):
+            raise ValueError(
+                f"this image-to-video model needs a first frame of shape {(x.shape[0], *x.shape[2:])}, got "
+                f"{None if image is None else tuple(image.shape)}"
+            )
+        clip = x.new_zeros(x.shape[0], x.shape[1], x.shape[2] + 1, *x.shape[3:])
+        clip[:, 0, :-1] = image.to(x.dtype)
+        clip[:, 0, -1] = 1.0
+        return self.image_embed(self._patchify(clip))
+
     def with_neighbour_window(self, window: int) -> ShapesDiT:
         """A copy of this model whose text encoder has a zero neighbour-word convolution of ``window`` words
         (:class:`TextEncoder`): the same function until it is trained."""
@@ -555,11 +607,13 @@ class ShapesDiT(nn.Module):
         mask: torch.Tensor,
         r: torch.Tensor | None = None,
         text: TextContext | None = None,
+        image: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Velocity at ``x`` ``[B, 3, H, W]`` (a clip ``[B, T, 3, H, W]`` for a video model) and time ``t``
         ``[B]`` (or scalar) for prompt tokens ``ids, mask`` (or their ``text`` context from
         :meth:`encode_text`, computed once for many calls); a MeanFlow model returns the average
-        velocity over ``[r, t]`` (``r = t`` when not given: ``v``)."""
+        velocity over ``[r, t]`` (``r = t`` when not given: ``v``); an image-to-video model takes the
+        clip's first frame ``image`` ``[B, 3, H, W]`` (model space)."""
         if t.ndim == 0:
             t = t.expand(x.shape[0])
         if r is not None and self.interval_mlp is None:
@@ -576,7 +630,7 @@ class ShapesDiT(nn.Module):
         position = self.position_embedding
         if self.frame_embedding is not None:
             position = (position[:, None] + self.frame_embedding).flatten(1, 2)
-        tokens = self.patch_embed(self._patchify(x)) + position
+        tokens = self.patch_embed(self._patchify(x)) + self._image_tokens(image, x) + position
         frames = self.config.num_frames // self.config.frame_patch
         for block in self.blocks:
             tokens = block(tokens, condition, text, frames)
