@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from flowrl.evaluation import evaluate, geneval_scores
 from flowrl.generate import generate
 from flowrl.models import load_shapes_model
-from flowrl.worlds import World, get_world
+from flowrl.worlds import World, world_of_model
 
 
 def finished(directory: Path) -> bool:
@@ -98,12 +98,12 @@ def base_baselines(model_name: str, recipe: Recipe, suite: Suite, out: Path) -> 
         if wanted <= set(cached["cfg"]) and {str(n) for n in suite.best_of} <= set(cached["best_of"]):
             return cached
     model = load_shapes_model(model_name)
-    world = get_world("video_shapes" if model.is_video else "shapes")
+    world = world_of_model(model.is_video, model.config.image_condition)
     generation_seconds = [0.0]
 
-    def sampler(*arguments: Any) -> torch.Tensor:  # the base's generate, timed
+    def sampler(*arguments: Any, **keywords: Any) -> torch.Tensor:  # the base's generate, timed
         start = time.perf_counter()
-        media = generate(model, *arguments)
+        media = generate(model, *arguments, **keywords)
         generation_seconds[0] += time.perf_counter() - start
         return media
 

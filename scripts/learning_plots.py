@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 CURVE_WINDOW = 10  # steps in the rolling mean of the training curves
-PREFIXES = ("geneval", "videoeval")  # the score prefixes of the worlds' evaluations
+PREFIXES = ("geneval", "videoeval", "i2veval")  # the score prefixes of the worlds' evaluations
 
 
 def prefix_of(scores: dict[str, Any]) -> str:
