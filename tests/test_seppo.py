@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from run_helpers import trained
 from test_trainer import TINY_RUN
 from two_processes import assert_runs_match, train_in_two_processes
 
@@ -193,21 +194,15 @@ def test_seppo_resumes_exactly_with_its_pool_and_two_processes_match_one(tmp_pat
     ]
     overrides.append("algorithm.reference=latest")  # step 3 samples with step 2: a lost pool would show
 
-    def trained(name, steps, *extra):
-        config = load_config(
-            "configs/shapes_seppo.yaml",
-            [*overrides, f"training.steps={steps}", f"logging.output_dir={tmp_path / name}", *extra],
-        )
-        trainer = Trainer(config)
-        trainer.train()
-        return trainer
+    def run(name, steps, *extra):
+        return trained("configs/shapes_seppo.yaml", overrides, tmp_path / name, steps, *extra)
 
-    straight = trained("straight", 3)
+    straight = run("straight", 3)
     rows = [row for row in read_metrics(tmp_path / "straight" / "metrics.jsonl") if row["step"] > 0]
     assert [row["seppo/pool_size"] for row in rows] == [2, 2, 2]  # the base and the latest checkpoint
     assert rows[0]["seppo/reference_step"] == 0 and rows[0]["seppo/flip_rate"] == 0  # theta = base at step 1
-    trained("cut", 2)
-    resumed = trained("cut", 3, "resume=latest")
+    run("cut", 2)
+    resumed = run("cut", 3, "resume=latest")
     assert [step for step, _ in resumed.algorithm.pool] == [0, 3]
     for (step, weights), (step_straight, weights_straight) in zip(
         resumed.algorithm.pool, straight.algorithm.pool
@@ -221,7 +216,7 @@ def test_seppo_resumes_exactly_with_its_pool_and_two_processes_match_one(tmp_pat
         "configs/shapes_seppo.yaml",
         [*overrides, "training.steps=2", f"logging.output_dir={tmp_path / 'two'}"],
     )
-    trained("one", 2)
+    run("one", 2)
     assert_runs_match(
         tmp_path / "one", tmp_path / "two", ("loss", "grad_norm", "seppo/winner_margin", "seppo/flip_rate")
     )

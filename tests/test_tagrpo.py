@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from run_helpers import trained
 from test_grpo import TINY_GRPO_RUN, batch_of, flow_sde_log_prob
 from test_trainer import TINY_RUN
 from two_processes import train_in_two_processes
@@ -16,7 +17,6 @@ from flowrl.config import ConfigError, load_config
 from flowrl.models import ShapesFlowModel
 from flowrl.policy import make_policy
 from flowrl.run_log import read_metrics
-from flowrl.trainer import Trainer
 from samplers import timesteps
 
 PROMPTS = ["a red circle", "two blue squares"]
@@ -211,21 +211,15 @@ def test_tagrpo_trains_resumes_its_bank_exactly_and_runs_in_two_processes(tmp_pa
         "logging.checkpoint_every=1",
     ]
 
-    def trained(name, steps, *extra):
-        config = load_config(
-            "configs/shapes_tagrpo.yaml",
-            [*overrides, f"training.steps={steps}", f"logging.output_dir={tmp_path / name}", *extra],
-        )
-        trainer = Trainer(config)
-        trainer.train()
-        return trainer
+    def run(name, steps, *extra):
+        return trained("configs/shapes_tagrpo.yaml", overrides, tmp_path / name, steps, *extra)
 
-    straight = trained("straight", 3)
+    straight = run("straight", 3)
     rows = [row for row in read_metrics(tmp_path / "straight" / "metrics.jsonl") if row["step"] > 0]
     assert rows[0]["tagrpo/ratio_best"] == pytest.approx(1.0, abs=1e-6)
     assert all(math.isfinite(row["loss"]) and math.isfinite(row["tagrpo/align_loss"]) for row in rows)
-    trained("cut", 2)
-    resumed = trained("cut", 3, "resume=latest")
+    run("cut", 2)
+    resumed = run("cut", 3, "resume=latest")
     assert sorted(resumed.algorithm.bank) == sorted(straight.algorithm.bank)
     for prompt, entries in straight.algorithm.bank.items():
         for (mine, reward), (theirs, their_reward) in zip(resumed.algorithm.bank[prompt], entries):

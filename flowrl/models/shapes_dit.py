@@ -513,27 +513,24 @@ class ShapesDiT(nn.Module):
     def with_frame_condition(self) -> ShapesDiT:
         """A copy of this video model with a per-frame condition (``frame_condition``) at zero: the same
         function until it is trained, every trained weight kept."""
-        if not self.is_video or self.config.frame_condition:
-            raise ValueError(
-                f"with_frame_condition needs a video model without one; this one has num_frames="
-                f"{self.config.num_frames}, frame_condition={self.config.frame_condition}"
-            )
-        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "frame_condition": True}))
-        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
-        assert not unexpected and missing == ["frame_condition"]
-        return model.to(self.position_embedding.device)
+        return self._video_extended("frame_condition", "frame_condition")
 
     def with_image_condition(self) -> ShapesDiT:
         """A copy of this video model conditioned on a first frame (``image_condition``), its image embedding
         at zero: the same function, whatever frame it is given, until it is trained."""
-        if not self.is_video or self.config.image_condition:
+        return self._video_extended("image_condition", "image_embed.")
+
+    def _video_extended(self, option: str, new_weights: str) -> ShapesDiT:
+        """This video model with the boolean ``option`` switched on; only weights named ``new_weights...``
+        are new (and start at zero)."""
+        if not self.is_video or getattr(self.config, option):
             raise ValueError(
-                f"with_image_condition needs a video model without one; this one has num_frames="
-                f"{self.config.num_frames}, image_condition={self.config.image_condition}"
+                f"with_{option} needs a video model without one; this one has num_frames="
+                f"{self.config.num_frames}, {option}={getattr(self.config, option)}"
             )
-        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), "image_condition": True}))
+        model = ShapesDiT(ShapesDiTConfig(**{**asdict(self.config), option: True}))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
-        assert not unexpected and all(name.startswith("image_embed.") for name in missing)
+        assert not unexpected and missing and all(name.startswith(new_weights) for name in missing)
         return model.to(self.position_embedding.device)
 
     def _image_tokens(self, image: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | float:
