@@ -11,6 +11,7 @@ SHIPPED_MODELS = {
     "shapes-meanflow": ASSETS / "shapes_meanflow",
     "shapes-video": ASSETS / "shapes_video",
     "shapes-video-v2": ASSETS / "shapes_video_v2",
+    "shapes-video-i2v": ASSETS / "shapes_video_i2v",
 }
 #: the base the main job aligns, and what the app and ``flowrl sample`` / ``flowrl eval`` start from by default
 DEFAULT_BASE = "shapes-base-v2"

@@ -62,10 +62,11 @@ def model_space_to_images(x: torch.Tensor) -> torch.Tensor:
 @dataclass
 class ShapesModelConfig:
     """The ``model`` section of ``backend: shapes``: a shipped shapes model name (``shapes-base-v2``,
-    ``shapes-base``, ``shapes-meanflow``, ``shapes-video``, ``shapes-video-v2``) or a saved ShapesDiT directory."""
+    ``shapes-base``, ``shapes-meanflow``, ``shapes-video``, ``shapes-video-v2``, ``shapes-video-i2v``) or a
+    saved ShapesDiT directory."""
 
-    #: a shipped shapes model (shapes-base-v2, shapes-base, shapes-meanflow, shapes-video, shapes-video-v2) or a
-    #: ShapesDiT directory
+    #: a shipped shapes model (shapes-base-v2, shapes-base, shapes-meanflow, shapes-video, shapes-video-v2,
+    #: shapes-video-i2v) or a ShapesDiT directory
     name: str = "shapes-base"
     #: the backend (a name registered in flowrl.models): shapes, sd3, flux, wan
     backend: str = "shapes"
