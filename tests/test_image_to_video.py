@@ -156,3 +156,30 @@ def test_the_shipped_image_to_video_base_continues_its_first_frame(one_thread):
     assert float((clips[:, 0] - given).abs().mean()) < 0.01  # 0.004 (text-to-video v2 on the same: 0.039)
     scores = VideoShapesVerifier()(clips, [r["prompt"] for r in records], records)
     assert float(scores["strict"].mean()) >= 0.75
+
+
+def test_flowrl_sample_continues_a_shipped_prompts_first_frame(tmp_path, one_thread, capsys):
+    from flowrl.cli import main
+
+    out = tmp_path / "clips.gif"
+    assert (
+        main(
+            [
+                "sample",
+                "--model",
+                "shapes-video-i2v",
+                "--prompt",
+                "a red circle moving left",
+                "--seeds",
+                "0",
+                "--steps",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.is_file()
+    assert main(["sample", "--model", "shapes-video-i2v", "--prompt", "a red blob", "--out", str(out)]) == 2
+    assert "is not allowed for an image-to-video model" in capsys.readouterr().err
