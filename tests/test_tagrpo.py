@@ -57,8 +57,11 @@ def test_the_loss_is_the_papers_objective_written_out(tiny_model, clip_range):
     (float64), J_align in the paper's form min(r A, clip(r) A) toward the group's best and worst
     trajectories, A± their group-normalised advantages (population std + 1e-4, clipped to 5)."""
     gamma = 0.7
-    config = tagrpo_config(
-        f"algorithm.clip_range={clip_range}", f"algorithm.align_weight={gamma}", "algorithm.kl_weight=0.1"
+    config = tagrpo_config(  # 2 updates per step: the old policy is its own copy (theta moves away from it)
+        f"algorithm.clip_range={clip_range}",
+        f"algorithm.align_weight={gamma}",
+        "algorithm.kl_weight=0.1",
+        "training.updates_per_step=2",
     )
     policy = make_policy(ShapesFlowModel(tiny_model))
     algorithm = TAGRPO(config)
@@ -125,6 +128,27 @@ def test_first_pass_ratios_toward_both_anchors_are_exactly_one(tiny_model):
         _, stats = algorithm.loss(policy, batch_of(rows, cond, draws), pass_index, 1)
         for key in ("grpo/ratio", "tagrpo/ratio_best", "tagrpo/ratio_worst"):
             assert bool((stats[key] == 1).all()), key
+
+
+def test_one_update_per_step_takes_the_old_velocity_from_theta_and_matches_the_old_copy(tiny_model):
+    """With one update per step every pass runs before it, so the old policy's velocity is theta's own; the
+    loss and its gradient equal those computed with the old copy's forward (more updates per step)."""
+    policy = make_policy(ShapesFlowModel(tiny_model))
+    grads = []
+    for updates in (1, 2):
+        config = tagrpo_config(f"training.updates_per_step={updates}", "algorithm.clip_range=0.2")
+        algorithm = TAGRPO(config)
+        algorithm.prepare(policy)
+        rewards = torch.rand(8, generator=torch.Generator().manual_seed(2))
+        _, cond, rows = tagrpo_rows(algorithm, policy, config, rewards)
+        grid = timesteps(config.sampler.num_steps)
+        draws = algorithm.draw(torch.Generator().manual_seed(5), rows.count, policy.sample_shape, grid, 1)
+        policy.model.zero_grad()
+        loss, _ = algorithm.loss(policy, batch_of(rows, cond, draws), 0, 1)
+        loss.backward()
+        grads.append([parameter.grad.clone() for parameter in policy.model.parameters()])
+    for one, two in zip(*grads):
+        torch.testing.assert_close(one, two, rtol=0, atol=0)
 
 
 def test_anchors_are_the_pools_first_best_and_worst_with_pool_advantages():

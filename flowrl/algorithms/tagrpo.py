@@ -150,8 +150,11 @@ class TAGRPO(FlowGRPO):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per row ``-J_align`` of the pass's transitions (module docstring): the anchors' next latents
         scored from each row's current latent by the trained velocity ``v`` and by the old policy's."""
-        with torch.no_grad():
-            v_old = self._velocity(policy.old_velocity, policy, batch.cond)(p.x, p.t, batch.cond)
+        if self.train_config.training.updates_per_step == 1:  # every pass precedes the step's one update:
+            v_old = v.detach()  # theta is still the old (rollout) copy, bit for bit (tested)
+        else:
+            with torch.no_grad():
+                v_old = self._velocity(policy.old_velocity, policy, batch.cond)(p.x, p.t, batch.cond)
         anchors = batch.data["anchor_latents"]
         advantages = batch.data["anchor_advantages"]
         variant = self.config.sde_variant
