@@ -3,6 +3,7 @@ bank), the per-prompt noise, the first-pass ratios, the settings it refuses, and
 whose bank survives a resume exactly, and two processes (one bank each) that train."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -256,3 +257,24 @@ def test_tagrpo_trains_resumes_its_bank_exactly_and_runs_in_two_processes(tmp_pa
     )
     two = [row for row in read_metrics(tmp_path / "two" / "metrics.jsonl") if row["step"] > 0]
     assert [row["step"] for row in two] == [1, 2] and all(math.isfinite(row["loss"]) for row in two)
+
+
+@pytest.mark.parametrize(
+    ("tagrpo", "flow_grpo"),
+    [
+        ("shapes_tagrpo", "shapes_flowgrpo"),
+        ("video_shapes_tagrpo", "video_shapes_flowgrpo"),
+        ("video_shapes_i2v_tagrpo", "video_shapes_i2v_flowgrpo"),
+    ],
+)
+def test_each_tagrpo_recipe_is_its_flow_grpo_recipe_plus_the_alignment(tagrpo, flow_grpo):
+    """A recipe that names another algorithm starts its algorithm section fresh: every Flow-GRPO key must be
+    restated, so that the comparison differs only by TAGRPO's own keys."""
+    mine = asdict(load_config(f"configs/{tagrpo}.yaml").algorithm)
+    theirs = asdict(load_config(f"configs/{flow_grpo}.yaml").algorithm)
+    assert {key: mine[key] for key in theirs if key != "name"} == {
+        k: v for k, v in theirs.items() if k != "name"
+    }
+    assert asdict(load_config(f"configs/{tagrpo}.yaml").training) == asdict(
+        load_config(f"configs/{flow_grpo}.yaml").training
+    )
