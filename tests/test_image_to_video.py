@@ -183,3 +183,12 @@ def test_flowrl_sample_continues_a_shipped_prompts_first_frame(tmp_path, one_thr
     assert out.is_file()
     assert main(["sample", "--model", "shapes-video-i2v", "--prompt", "a red blob", "--out", str(out)]) == 2
     assert "is not allowed for an image-to-video model" in capsys.readouterr().err
+
+
+def test_an_image_to_video_model_refuses_prompts_without_first_frames(tmp_path):
+    tiny_video_model().with_image_condition().save_pretrained(tmp_path / "i2v")
+    with pytest.raises(ConfigError, match="its prompts must carry first frames"):
+        load_config(
+            "configs/video_shapes_flowgrpo.yaml",
+            [f"model.name={tmp_path / 'i2v'}", "evaluation.base_guidance_scales=[1.0]"],
+        )

@@ -135,7 +135,13 @@ class ShapesFlowModel:
             raise ConfigError(
                 f"model.dtype={config.model.dtype!r} is not allowed for the shapes backend; it trains in float32 only"
             )
-        if model_makes_continuations(config.model.name) and (
+        continues = model_makes_continuations(config.model.name)
+        if continues and config.evaluation_world not in (None, "video_shapes_i2v"):
+            raise ConfigError(
+                f"data.prompts={config.data.prompts!r} is not allowed for the image-to-video model "
+                f"{config.model.name!r}; its prompts must carry first frames (allowed: video-shapes-i2v-train)"
+            )
+        if continues and (
             config.sampler.guidance_scale != 1.0
             or any(
                 scale != 1.0
