@@ -36,33 +36,17 @@ def _sample(args: argparse.Namespace) -> None:
     from flowrl.generate import generate
     from flowrl.grid import save_grid
     from flowrl.models import load_shapes_model
+    from flowrl.video_shapes.first_frame import shipped_records
 
     model = load_shapes_model(args.model)
     prompts = [prompt for prompt in args.prompt for _ in args.seeds]
     seeds = [seed for _ in args.prompt for seed in args.seeds]
-    records = shipped_records(prompts) if model.config.image_condition else None
+    records = shipped_records(prompts) if model.config.image_condition else None  # their first frames
     images = generate(model, prompts, seeds, args.steps, args.cfg, records=records)
     path = save_grid(
         args.out, images, [f"{p} (seed {s})" for p, s in zip(prompts, seeds)], columns=len(args.seeds)
     )
     print(f"wrote {path}")
-
-
-def shipped_records(prompts: list[str]) -> list[dict]:
-    """The image-to-video world's records (train split first) of ``prompts``, whose first frames an
-    image-to-video model continues; a prompt the world does not ship is an error."""
-    from flowrl.worlds import WORLDS
-
-    world = WORLDS["video_shapes_i2v"]
-    by_prompt = {r["prompt"]: r for split in ("test", "train") for r in world.prompts(split)}
-    unknown = sorted({prompt for prompt in prompts if prompt not in by_prompt})
-    if unknown:
-        raise ValueError(
-            f"--prompt {unknown[0]!r} is not allowed for an image-to-video model: it continues the first frame "
-            f"of a prompt the {world.name} world ships (flowrl/video_shapes/prompts/*.jsonl), e.g. "
-            f"{next(iter(by_prompt))!r}"
-        )
-    return [by_prompt[prompt] for prompt in prompts]
 
 
 def _eval(args: argparse.Namespace) -> None:

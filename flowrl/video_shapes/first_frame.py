@@ -38,6 +38,20 @@ def shipped_prompts(split: str) -> list[dict[str, Any]]:
     ]
 
 
+def shipped_records(prompts: Sequence[str]) -> list[dict[str, Any]]:
+    """The world's records (either split) of ``prompts``, whose first frames an image-to-video model
+    continues; a prompt the world does not ship is an error naming one it does."""
+    by_prompt = {record["prompt"]: record for split in ("test", "train") for record in shipped_prompts(split)}
+    unknown = sorted({prompt for prompt in prompts if prompt not in by_prompt})
+    if unknown:
+        raise ValueError(
+            f"--prompt {unknown[0]!r} is not allowed for an image-to-video model: it continues the first frame "
+            f"of a prompt the video_shapes_i2v world ships (flowrl/video_shapes/prompts/*.jsonl), e.g. "
+            f"{next(iter(by_prompt))!r}"
+        )
+    return [by_prompt[prompt] for prompt in prompts]
+
+
 def continued_clip(
     record: Mapping[str, Any], num_frames: int = NUM_FRAMES, image_size: int = IMAGE_SIZE
 ) -> np.ndarray:
