@@ -107,3 +107,43 @@ def test_raft_trains_on_policy_and_two_processes_match_one(tmp_path, tiny_model_
         tmp_path / "two",
         ("reward/mean", "raft/kept_reward", "loss", "grad_norm", "raft/flow_matching_loss"),
     )
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_the_pull_is_toward_the_base_cfg_mixed_at_reference_guidance(tiny_model, guidance):
+    """``reference_guidance = w``: the pull's reference is ``v_u + w (v_c - v_u)`` of the frozen base (``w = 1``:
+    the plain conditional base), re-computed here from the base's two velocities."""
+    from flowrl.algorithms.base import TrainBatch
+    from flowrl.models import ShapesFlowModel
+    from flowrl.policy import ROLLOUT, make_policy
+
+    policy = make_policy(ShapesFlowModel(tiny_model), (ROLLOUT,))
+    with torch.no_grad():  # move theta off the base so that the pull is not zero
+        for parameter in policy.model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    g = torch.Generator().manual_seed(0)
+    batch = TrainBatch(
+        {"x0": torch.rand(4, 3, 32, 32, generator=g) * 2 - 1},
+        policy.encode(["a red circle", "a red circle", "two blue squares", "two blue squares"]),
+        torch.zeros(4),
+        {"t": torch.full((1, 4), 0.6), "noise": torch.randn(1, 4, 3, 32, 32, generator=g)},
+    )
+    config = load_config(
+        None,
+        [
+            "algorithm.name=raft",
+            "algorithm.reference_weight=1.0",
+            f"algorithm.reference_guidance={guidance}",
+            "training.group_size=2",
+            "training.micro_batch_size=4",
+        ],
+    )
+    _, stats = RAFT(config).loss(policy, batch, 0, 1)
+    x0, t, noise = batch.data["x0"], batch.draws["t"][0], batch.draws["noise"][0]
+    x_t = (1 - 0.6) * x0 + 0.6 * noise
+    with torch.no_grad():
+        v_theta = policy.velocity(x_t, t, batch.cond)
+        v_c = policy.reference_velocity(x_t, t, batch.cond)
+        v_u = policy.reference_velocity(x_t, t, policy.encode([""] * 4))
+        expected = ((v_theta - (v_u + guidance * (v_c - v_u))) ** 2).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(stats["raft/reference_mse"], expected, rtol=1e-4, atol=1e-6)

@@ -8,6 +8,7 @@ fresh noise ``eps``::
 
     x_t = (1 - t) x0 + t eps
     L   = mean over kept samples of || v_theta(x_t, t, c) - (eps - x0) ||²  +  lambda || v_theta - v_ref ||²
+    v_ref = v_u + w (v_c - v_u)   (the frozen base, CFG-mixed at w = reference_guidance; w = 1: v_c)
 
 (means over pixels; with ``min_reward`` set, kept samples below it get weight 0 and the mean is taken
 over the global batch's fitted samples, ``w_i = 1[R_i >= min_reward] / share``; ``lambda = reference_weight``, the pull toward the frozen base that DiffusionNFT has
@@ -33,7 +34,7 @@ from flowrl.algorithms.forward_process import (
     pixel_mean,
 )
 from flowrl.algorithms.raft_config import RAFTConfig
-from flowrl.policy import ROLLOUT
+from flowrl.policy import REFERENCE, ROLLOUT
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -80,6 +81,7 @@ class RAFT(ForwardProcessAlgorithm):
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
         self.group_size = config.training.group_size
+        self.negative_prompt = config.sampler.negative_prompt
         #: the mean total reward of the kept samples of the step, set by :meth:`advantages`
         self.kept_reward = float("nan")
         #: the share of the global batch's kept samples at or above ``min_reward``, set by :meth:`advantages`
@@ -124,7 +126,8 @@ class RAFT(ForwardProcessAlgorithm):
         pull = torch.zeros_like(fit)
         if self.config.reference_weight > 0:
             with torch.no_grad():
-                v_ref = policy.reference_velocity(x_t, t, batch.cond)
+                reference = policy.guided(REFERENCE, self.config.reference_guidance, self.negative_prompt)
+                v_ref = reference(x_t, t, batch.cond)
             pull = pixel_mean((v_theta.float() - v_ref.float()) ** 2)
         losses = fit + self.config.reference_weight * pull
         stats = {"raft/flow_matching_loss": fit.detach(), "raft/reference_mse": pull.detach()}

@@ -27,6 +27,9 @@ class RAFTConfig(ForwardProcessConfig):
     adaptive_weighting: bool = False
     #: lambda of the pull ``lambda ||v_theta - v_ref||²`` towards the frozen base (0: plain RAFT)
     reference_weight: float = field(default=0.0, metadata=at_least(0.0))
+    #: the pull's reference velocity is the base's CFG mix ``v_u + w (v_c - v_u)`` at this guidance scale
+    #: (1: the unguided base; above 1 the trained model is pulled toward the guided base's velocity)
+    reference_guidance: float = field(default=1.0, metadata=at_least(1.0))
     #: a kept sample whose total reward is below this is not fitted (weight 0; the loss averages over the
     #: global batch's fitted samples): the best of a group where every sample is wrong is not imitated
     #: (None: every kept sample is fitted, plain RAFT)
